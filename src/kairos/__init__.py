@@ -1,0 +1,79 @@
+"""kairos: real-time inference, data path and model path planned as one query.
+
+    import kairos as kr
+    from kairos import features, online, DataFrame, FeatureTime, Now, _
+
+    client = kr.Client("examples/fraud")
+    r = client.query(input={"user.id": "u1"}, output=["user.risk"])
+"""
+
+from kairos.client import Client, Project
+from kairos.definitions import (
+    DataFrame,
+    Feature,
+    FeatureRef,
+    Features,
+    FeatureTime,
+    Now,
+    Primary,
+    Windowed,
+    _,
+    coalesce,
+    feature,
+    features,
+    if_then_else,
+    windowed,
+)
+from kairos.engine import BulkResult, FeatureError, FeatureValue, NodeTiming, QueryResult
+from kairos.errors import (
+    AmbiguousResolvers,
+    CycleError,
+    DefinitionError,
+    InvalidInput,
+    InvalidValue,
+    KairosError,
+    MissingInput,
+    NoPath,
+    PlanError,
+    ProjectError,
+    UnknownFeature,
+)
+from kairos.resolvers import offline, online
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AmbiguousResolvers",
+    "BulkResult",
+    "Client",
+    "CycleError",
+    "DataFrame",
+    "DefinitionError",
+    "Feature",
+    "FeatureError",
+    "FeatureRef",
+    "FeatureTime",
+    "FeatureValue",
+    "Features",
+    "InvalidInput",
+    "InvalidValue",
+    "KairosError",
+    "MissingInput",
+    "NoPath",
+    "NodeTiming",
+    "Now",
+    "PlanError",
+    "Primary",
+    "Project",
+    "QueryResult",
+    "UnknownFeature",
+    "Windowed",
+    "_",
+    "coalesce",
+    "feature",
+    "features",
+    "if_then_else",
+    "offline",
+    "online",
+    "windowed",
+]

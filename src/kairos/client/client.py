@@ -1,0 +1,285 @@
+"""`kairos.Client`: the one entry point. Embedded: definitions, planner, engine and stores
+live in this process; nothing needs a server."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from kairos.client.project import Project
+from kairos.definitions.durations import DurationLike, parse_duration
+from kairos.definitions.feature import Feature, FeatureRef
+from kairos.definitions.graph import Graph
+from kairos.engine.execution import Engine
+from kairos.engine.result import BulkResult, FeatureValue, NodeTiming, QueryMeta, QueryResult
+from kairos.engine.values import check, to_utc
+from kairos.errors import InvalidInput, InvalidValue, KairosError
+from kairos.planner.plan import Plan
+from kairos.planner.planner import Planner
+from kairos.resolvers.registry import ResolverSet
+from kairos.stores.online import OnlineStore, online_store_from_url
+
+
+class Client:
+    """Query features of a project.
+
+    >>> client = kr.Client("examples/fraud")  # doctest: +SKIP
+    >>> r = client.query(input={User.id: "u1"}, output=[User.risk])  # doctest: +SKIP
+    >>> r.get_value(User.risk), r.meta.query_id, r.trace  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        project: str | Path | Project | None = None,
+        *,
+        definitions: Iterable[Any] = (),
+        online_store: str | OnlineStore = "memory://",
+        default_timeout: DurationLike = "10s",
+        max_workers: int = 32,
+    ) -> None:
+        if isinstance(project, Project):
+            loaded = project
+        elif project is not None:
+            loaded = Project.load(project)
+        else:
+            loaded = Project(None, (), ())
+        extra = Project.from_objects(definitions)
+        self.project = Project(
+            loaded.root,
+            tuple(dict.fromkeys((*loaded.feature_classes, *extra.feature_classes))),
+            tuple(dict.fromkeys((*loaded.resolvers, *extra.resolvers))),
+        )
+        if not self.project.feature_classes:
+            raise KairosError(
+                "the project declares no @features classes; pass a project folder or "
+                "definitions=[...]"
+            )
+        self.graph = Graph.build(self.project.feature_classes)
+        self.resolvers = ResolverSet.build(self.graph, self.project.resolvers)
+        timeout = parse_duration(default_timeout, field="default_timeout")
+        self.planner = Planner(self.graph, self.resolvers, default_timeout=timeout)
+        self.store = (
+            online_store_from_url(online_store) if isinstance(online_store, str) else online_store
+        )
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix="kairos-resolver"
+        )
+        self.engine = Engine(self.graph, self.store, self._pool)
+        self._names: dict[str, str] = {}
+        self._local = threading.local()
+        self._loops: list[asyncio.AbstractEventLoop] = []
+        self._loops_lock = threading.Lock()
+
+    # --- names --------------------------------------------------------------------------
+
+    def name(self, feature: Any) -> str:
+        """The canonical name of a feature ref or string: `User.txn_count["24h"]` ->
+        "user.txn_count[1d]"."""
+        if isinstance(feature, Feature):
+            return feature.fqn if not feature.implicit else self.graph.ref(feature).fqn
+        if isinstance(feature, str):
+            found = self._names.get(feature)
+            if found is None:
+                found = self.graph.ref(feature).fqn
+                if len(self._names) < 65536:
+                    self._names[feature] = found
+            return found
+        if isinstance(feature, FeatureRef):
+            return feature.fqn
+        return self.graph.ref(feature).fqn
+
+    # --- planning -----------------------------------------------------------------------
+
+    def plan(self, input: Iterable[Any], output: Iterable[Any]) -> Plan:
+        """The plan for these input and output features (cached)."""
+        return self.planner.plan([self.name(i) for i in input], [self.name(o) for o in output])
+
+    def explain(self, input: Iterable[Any], output: Iterable[Any]) -> str:
+        """The plan as text: each node, what it reads and writes, what it waits for."""
+        return self.plan(input, output).explain()
+
+    # --- queries ------------------------------------------------------------------------
+
+    def query(
+        self,
+        input: Mapping[Any, Any],
+        output: Sequence[Any],
+        *,
+        now: datetime | None = None,
+        staleness: Mapping[Any, DurationLike] | None = None,
+        query_id: str | None = None,
+    ) -> QueryResult:
+        """Compute `output` for one entity identified by `input`."""
+        return self._sync(self.query_async(input, output, now=now, staleness=staleness,
+                                           query_id=query_id))
+
+    async def query_async(
+        self,
+        input: Mapping[Any, Any],
+        output: Sequence[Any],
+        *,
+        now: datetime | None = None,
+        staleness: Mapping[Any, DurationLike] | None = None,
+        query_id: str | None = None,
+    ) -> QueryResult:
+        if not isinstance(input, Mapping):
+            raise InvalidInput("input must be a mapping of feature -> value, e.g. "
+                               "{User.id: 'u1'}; for many entities use query_bulk")
+        columns = {self.name(k): [v] for k, v in input.items()}
+        bulk = await self._run(columns, 1, output, now, staleness, query_id)
+        features = {
+            name: FeatureValue(name, col.values[0], col.observed_at[0], col.source[0],
+                               col.errors[0])
+            for name, col in bulk.columns.items()
+        }
+        return QueryResult(features, bulk.meta, bulk.trace, self.name)
+
+    def query_bulk(
+        self,
+        input: Mapping[Any, Sequence[Any]] | Sequence[Mapping[Any, Any]],
+        output: Sequence[Any],
+        *,
+        now: datetime | None = None,
+        staleness: Mapping[Any, DurationLike] | None = None,
+        query_id: str | None = None,
+    ) -> BulkResult:
+        """Compute `output` for many entities in one run of the plan.
+
+        `input` is columns (`{User.id: ["u1", "u2"]}`) or rows (`[{User.id: "u1"}, ...]`).
+        """
+        return self._sync(self.query_bulk_async(input, output, now=now, staleness=staleness,
+                                                query_id=query_id))
+
+    async def query_bulk_async(
+        self,
+        input: Mapping[Any, Sequence[Any]] | Sequence[Mapping[Any, Any]],
+        output: Sequence[Any],
+        *,
+        now: datetime | None = None,
+        staleness: Mapping[Any, DurationLike] | None = None,
+        query_id: str | None = None,
+    ) -> BulkResult:
+        columns = self._columns(input)
+        rows = len(next(iter(columns.values()))) if columns else 0
+        return await self._run(columns, rows, output, now, staleness, query_id)
+
+    def _columns(
+        self, input: Mapping[Any, Sequence[Any]] | Sequence[Mapping[Any, Any]]
+    ) -> dict[str, list[Any]]:
+        if isinstance(input, Mapping):
+            columns = {}
+            for key, values in input.items():
+                if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+                    raise InvalidInput(
+                        f"input {self.name(key)!r} of a bulk query must be a list of values, "
+                        f"one per entity; got {type(values).__name__}"
+                    )
+                columns[self.name(key)] = list(values)
+        elif isinstance(input, Sequence) and not isinstance(input, str | bytes):
+            names = [[self.name(k) for k in row] for row in input]
+            keys = list(dict.fromkeys(k for row in names for k in row))
+            columns = {k: [] for k in keys}
+            for index, row in enumerate(input):
+                if not isinstance(row, Mapping) or len(row) != len(keys):
+                    raise InvalidInput(
+                        f"bulk input row {index} must set the same features as the others "
+                        f"({', '.join(keys)})"
+                    )
+                for key, value in row.items():
+                    columns[self.name(key)].append(value)
+        else:
+            raise InvalidInput("bulk input must be {feature: [values...]} or a list of rows")
+        lengths = {len(v) for v in columns.values()}
+        if len(lengths) > 1:
+            raise InvalidInput(
+                "bulk input columns have different lengths: "
+                + ", ".join(f"{k}={len(v)}" for k, v in columns.items())
+            )
+        return columns
+
+    async def _run(
+        self,
+        columns: dict[str, list[Any]],
+        rows: int,
+        output: Sequence[Any],
+        now: datetime | None,
+        staleness: Mapping[Any, DurationLike] | None,
+        query_id: str | None,
+    ) -> BulkResult:
+        started = time.perf_counter()
+        if isinstance(output, str | bytes) or not isinstance(output, Sequence | set | frozenset):
+            raise InvalidInput("output must be a list of features, e.g. output=[User.balance]")
+        when = _now(now)
+        plan = self.planner.plan(columns, [self.name(o) for o in output])
+        for name, values in columns.items():
+            info = plan.columns[name].info
+            for index, value in enumerate(values):
+                try:
+                    values[index] = check(info, value, allow_null=False)
+                except InvalidValue as error:
+                    row = f" (row {index})" if rows > 1 else ""
+                    raise InvalidInput(f"input {name!r}{row}: {error}") from None
+        limits = {
+            self.name(k): parse_duration(v, field=f"staleness[{self.name(k)!r}]")
+            for k, v in (staleness or {}).items()
+        }
+        outcome = await self.engine.run(plan, columns, rows, when, limits)
+        total = (time.perf_counter() - started) * 1000
+        trace = [*outcome.trace, NodeTiming(None, "query", "total", 0.0, total, rows, "ok")]
+        meta = QueryMeta(
+            query_id or uuid.uuid4().hex, when, total, rows, outcome.cache_hits, outcome.computed
+        )
+        return BulkResult(outcome.columns, meta, trace, self.name)
+
+    # --- running async code from sync callers ----------------------------------------------
+
+    def _sync(self, coroutine: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._loop().run_until_complete(coroutine)
+        # Called from inside an event loop (a notebook, an async app): use a helper thread.
+        with concurrent.futures.ThreadPoolExecutor(1) as helper:
+            return helper.submit(lambda: self._loop().run_until_complete(coroutine)).result()
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop: asyncio.AbstractEventLoop | None = getattr(self._local, "loop", None)
+        if loop is None or loop.is_closed():
+            loop = asyncio.new_event_loop()
+            self._local.loop = loop
+            with self._loops_lock:
+                self._loops.append(loop)
+        return loop
+
+    def close(self) -> None:
+        """Stop the resolver threads and close the event loops this client made."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._loops_lock:
+            loops, self._loops = self._loops, []
+        for loop in loops:
+            if not loop.is_running() and not loop.is_closed():
+                loop.run_until_complete(self.store.close())
+                loop.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _now(now: datetime | None) -> datetime:
+    if now is None:
+        return datetime.now(UTC)
+    if not isinstance(now, datetime):
+        raise InvalidInput(f"now={now!r} must be a datetime")
+    return to_utc(now)
+
+

@@ -1,0 +1,339 @@
+"""Feature classes: `@features`, `feature(...)`, `windowed(...)` and the refs they hand out.
+
+`@features` turns annotated class attributes into `Feature` objects, so `User.balance` names a
+feature everywhere (query outputs, resolver signatures). It does no I/O and resolves nothing:
+annotations such as `"User.id"` are read later, when a project's graph is built.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeVar, dataclass_transform, overload
+
+from kairos.definitions import expressions as ex
+from kairos.definitions.durations import DurationLike, format_duration, parse_duration
+from kairos.errors import DefinitionError
+
+C = TypeVar("C", bound=type)
+MISSING: Any = type("Missing", (), {"__repr__": lambda self: "MISSING"})()
+
+_FK_TEXT = re.compile(r"^\s*([A-Za-z_]\w*)\.([A-Za-z_]\w*)\s*$")
+
+
+def snake_case(name: str) -> str:
+    """`CreditCard` -> `credit_card`, `HTTPLog` -> `http_log`."""
+    text = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", text).lower()
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureOptions:
+    """What `feature(...)` records; every field is optional."""
+
+    default: Any = MISSING
+    max_staleness: timedelta | None = None
+    description: str | None = None
+    tags: tuple[str, ...] = ()
+    owner: str | None = None
+    min: Any = None
+    max: Any = None
+    expression: ex.Expr | None = None
+    windows: tuple[timedelta, ...] = ()
+
+
+def feature(
+    *,
+    default: Any = MISSING,
+    max_staleness: DurationLike | None = None,
+    description: str | None = None,
+    tags: Iterable[str] = (),
+    owner: str | None = None,
+    min: Any = None,
+    max: Any = None,
+    expression: Any = None,
+) -> Any:
+    """Options for one feature: `balance: float = feature(max_staleness="5m", min=0)`."""
+    if expression is not None and not isinstance(expression, ex.Expr):
+        raise DefinitionError(f"feature(expression={expression!r}) must be an `_` expression")
+    return FeatureOptions(
+        default=default,
+        max_staleness=None
+        if max_staleness is None
+        else parse_duration(max_staleness, field="max_staleness"),
+        description=description,
+        tags=tuple(tags),
+        owner=owner,
+        min=min,
+        max=max,
+        expression=expression,
+    )
+
+
+def windowed(
+    *windows: DurationLike,
+    expression: Any,
+    default: Any = MISSING,
+    max_staleness: DurationLike | None = None,
+    description: str | None = None,
+    tags: Iterable[str] = (),
+    owner: str | None = None,
+) -> Any:
+    """One feature per window: `windowed("1d", "7d", expression=_.transactions[...].count())`.
+
+    Inside the expression `_.window_start` is `now - window` and `_.window_end` is `now`.
+    """
+    if not windows:
+        raise DefinitionError("windowed() needs at least one window, e.g. windowed('1d', ...)")
+    if not isinstance(expression, ex.Expr):
+        raise DefinitionError("windowed(expression=...) must be an `_` expression")
+    parsed = tuple(parse_duration(w, field="window") for w in windows)
+    if any(w.total_seconds() <= 0 for w in parsed):
+        raise DefinitionError(f"windowed({', '.join(map(repr, windows))}): windows must be > 0")
+    options = feature(
+        default=default,
+        max_staleness=max_staleness,
+        description=description,
+        tags=tags,
+        owner=owner,
+        expression=expression,
+    )
+    return FeatureOptions(**{**_options_dict(options), "windows": parsed})
+
+
+def _options_dict(options: FeatureOptions) -> dict[str, Any]:
+    return {name: getattr(options, name) for name in FeatureOptions.__slots__}
+
+
+def window_name(window: str | timedelta) -> str:
+    """Canonical spelling of a window: "24h" -> "1d"."""
+    return format_duration(parse_duration(window, field="window"))
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureRef:
+    """A feature reached from a root entity through has-one hops: `transaction.user.name`."""
+
+    root: str
+    path: tuple[str, ...]
+    name: str
+    window: str | None = None
+
+    @property
+    def fqn(self) -> str:
+        window = f"[{self.window}]" if self.window else ""
+        return ".".join((self.root, *self.path, self.name)) + window
+
+    def __str__(self) -> str:
+        return self.fqn
+
+    def hop(self, name: str) -> FeatureRef:
+        if self.window:
+            raise DefinitionError(f"{self.fqn!r} is a windowed value, not a relation")
+        return FeatureRef(self.root, (*self.path, self.name), name)
+
+    def __getattr__(self, name: str) -> FeatureRef:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.hop(name)
+
+    def __getitem__(self, item: Any) -> Any:
+        if isinstance(item, str):
+            return FeatureRef(self.root, self.path, self.name, window_name(item))
+        return HasManyRef(self, _items(item))
+
+
+@dataclass(frozen=True, slots=True)
+class HasManyRef:
+    """A has-many feature filtered and projected for a resolver input.
+
+    `User.transactions[_.amount, _.status == "declined"]` keeps declined rows, amount only.
+    """
+
+    ref: FeatureRef
+    items: tuple[Any, ...]
+
+    @property
+    def fqn(self) -> str:
+        return self.ref.fqn
+
+
+def _items(item: Any) -> tuple[Any, ...]:
+    items = item if isinstance(item, tuple) else (item,)
+    return tuple(i if isinstance(i, Feature | FeatureRef) else ex.lift(i) for i in items)
+
+
+class Feature:
+    """A feature as a class attribute: `User.balance`.
+
+    It names the feature in queries and resolver signatures; `Transaction.user.name` walks a
+    has-one relation and `User.txn_count["7d"]` picks a window.
+    """
+
+    __slots__ = ("annotation", "name", "namespace", "options", "owner_class", "implicit")
+
+    def __init__(
+        self,
+        owner_class: type,
+        namespace: str,
+        name: str,
+        annotation: Any,
+        options: FeatureOptions,
+        implicit: bool = False,
+    ) -> None:
+        self.owner_class = owner_class
+        self.namespace = namespace
+        self.name = name
+        self.annotation = annotation
+        self.options = options
+        self.implicit = implicit  # a has-one relation derived from a foreign key
+
+    @property
+    def ref(self) -> FeatureRef:
+        return FeatureRef(self.namespace, (), self.name)
+
+    @property
+    def fqn(self) -> str:
+        return f"{self.namespace}.{self.name}"
+
+    def __getattr__(self, name: str) -> FeatureRef:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.ref.hop(name)
+
+    def __getitem__(self, item: Any) -> Any:
+        return self.ref[item]
+
+    def __repr__(self) -> str:
+        return f"<feature {self.fqn}>"
+
+
+@dataclass(frozen=True)
+class FeatureClassSpec:
+    """What `@features` records about a class; read by `Graph` when a project loads."""
+
+    cls: type
+    namespace: str
+    features: dict[str, Feature] = field(default_factory=dict)
+    max_staleness: timedelta | None = None
+    owner: str | None = None
+    tags: tuple[str, ...] = ()
+
+
+def foreign_key_target(annotation: Any) -> tuple[str, str] | None:
+    """("User", "id") for `"User.id"` or `User.id`; None for anything else."""
+    if isinstance(annotation, Feature):
+        return annotation.owner_class.__name__, annotation.name
+    if isinstance(annotation, str):
+        match = _FK_TEXT.match(annotation)
+        if match and match.group(1)[0].isupper():
+            return match.group(1), match.group(2)
+    return None
+
+
+@overload
+def features(cls: C, /) -> C: ...
+
+
+@overload
+def features(
+    *,
+    max_staleness: DurationLike | None = None,
+    namespace: str | None = None,
+    owner: str | None = None,
+    tags: Iterable[str] = (),
+) -> Callable[[C], C]: ...
+
+
+@dataclass_transform(kw_only_default=True, field_specifiers=(feature, windowed))
+def features(
+    cls: Any = None,
+    /,
+    *,
+    max_staleness: DurationLike | None = None,
+    namespace: str | None = None,
+    owner: str | None = None,
+    tags: Iterable[str] = (),
+) -> Any:
+    """Declare a feature class; its namespace is the snake_case class name.
+
+    >>> @features
+    ... class User:
+    ...     id: str
+    ...     balance: float
+    >>> User.balance.fqn
+    'user.balance'
+    """
+
+    def decorate(klass: C) -> C:
+        return _decorate(
+            klass,
+            namespace or snake_case(klass.__name__),
+            None if max_staleness is None else parse_duration(max_staleness, field="max_staleness"),
+            owner,
+            tuple(tags),
+        )
+
+    return decorate(cls) if cls is not None else decorate
+
+
+def _decorate(
+    cls: C, namespace: str, max_staleness: timedelta | None, owner: str | None, tags: tuple[str, ...]
+) -> C:
+    annotations = inspect.get_annotations(cls)
+    spec = FeatureClassSpec(cls, namespace, {}, max_staleness, owner, tags)
+    for name, annotation in annotations.items():
+        if name.startswith("_"):
+            continue
+        value = cls.__dict__.get(name, MISSING)
+        if isinstance(value, FeatureOptions):
+            options = value
+        elif isinstance(value, ex.Expr):
+            options = FeatureOptions(expression=value)
+        elif isinstance(value, ex.Underscore):
+            raise DefinitionError(f"{cls.__name__}.{name} = _ is not an expression; write _.x")
+        elif value is MISSING:
+            options = FeatureOptions()
+        else:
+            options = FeatureOptions(default=value)
+        spec.features[name] = Feature(cls, namespace, name, annotation, options)
+    for name, annotation in annotations.items():
+        target = foreign_key_target(annotation)
+        relation = name[: -len("_id")] if name.endswith("_id") else None
+        if target and relation and relation not in spec.features:
+            spec.features[relation] = Feature(
+                cls, namespace, relation, target[0], FeatureOptions(), implicit=True
+            )
+    for name, feat in spec.features.items():
+        setattr(cls, name, feat)
+    cls.__kairos__ = spec  # type: ignore[attr-defined]
+    cls.__init__ = _init  # type: ignore[misc]
+    cls.__repr__ = _repr  # type: ignore[method-assign]
+    return cls
+
+
+def _init(self: Any, **values: Any) -> None:
+    spec: FeatureClassSpec = type(self).__kairos__
+    for name, value in values.items():
+        if name not in spec.features:
+            from kairos.errors import did_you_mean
+
+            raise DefinitionError(
+                f"{type(self).__name__} has no feature {name!r}"
+                f"{did_you_mean(name, spec.features)}"
+            )
+        object.__setattr__(self, name, value)
+
+
+def _repr(self: Any) -> str:
+    values = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+    return f"{type(self).__name__}({values})"
+
+
+def class_spec(obj: Any) -> FeatureClassSpec | None:
+    """The spec of a `@features` class, or None for anything else."""
+    spec = getattr(obj, "__kairos__", None) if isinstance(obj, type) else None
+    return spec if isinstance(spec, FeatureClassSpec) else None

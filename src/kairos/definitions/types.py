@@ -1,0 +1,209 @@
+"""Feature value types and the markers users write in annotations.
+
+    id: Primary[str]              primary key (a field named `id` is one by default)
+    ts: FeatureTime               when the row became true
+    user_id: "User.id"            foreign key: makes `Transaction.user` and `User.transactions`
+    transactions: DataFrame[Transaction]         has-many
+    txn_count: Windowed[int] = windowed("1d", "7d", expression=...)
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Annotated, Any, Generic, TypeVar
+
+from kairos.definitions import expressions as ex
+
+T = TypeVar("T")
+
+
+class _PrimaryMarker:
+    def __repr__(self) -> str:
+        return "Primary"
+
+
+class _FeatureTimeMarker:
+    def __repr__(self) -> str:
+        return "FeatureTime"
+
+
+PRIMARY = _PrimaryMarker()
+FEATURE_TIME = _FeatureTimeMarker()
+
+Primary = Annotated[T, PRIMARY]
+"""`id: Primary[str]` marks the primary key when it is not called `id`."""
+
+FeatureTime = Annotated[datetime, FEATURE_TIME]
+"""`ts: FeatureTime` is the time a row became true; rows after the query's `now` do not exist."""
+
+
+class _NowMeta(type):
+    """Lets the `Now` class itself take part in expressions: `_.ts > Now - timedelta(days=1)`."""
+
+    def __sub__(cls, other: Any) -> Any:
+        return ex.NowRef() - other
+
+    def __add__(cls, other: Any) -> Any:
+        return ex.NowRef() + other
+
+    def __rsub__(cls, other: Any) -> Any:
+        return ex.lift(other) - ex.NowRef()
+
+    def __lt__(cls, other: Any) -> Any:
+        return ex.NowRef() < other
+
+    def __le__(cls, other: Any) -> Any:
+        return ex.NowRef() <= other
+
+    def __gt__(cls, other: Any) -> Any:
+        return ex.NowRef() > other
+
+    def __ge__(cls, other: Any) -> Any:
+        return ex.NowRef() >= other
+
+    def __hash__(cls) -> int:
+        return id(cls)
+
+
+class Now(datetime, metaclass=_NowMeta):
+    """The query's time: a resolver parameter `now: Now`, or `Now` inside an expression.
+
+    Online it is the request's `now`; offline it is the spine row's timestamp.
+    """
+
+
+class Windowed(Generic[T]):
+    """Annotation for a windowed feature: `txn_count: Windowed[int] = windowed("1d", ...)`.
+
+    `User.txn_count["7d"]` is the feature for one window.
+    """
+
+    def __getitem__(self, window: str) -> T:  # pragma: no cover - replaced on feature classes
+        raise TypeError("use a window on a feature class attribute: User.txn_count['7d']")
+
+
+class Features:
+    """Return annotation of a resolver that produces several features: `Features[A, B]`."""
+
+    def __class_getitem__(cls, items: Any) -> FeaturesSpec:
+        return FeaturesSpec(items if isinstance(items, tuple) else (items,))
+
+
+@dataclass(frozen=True)
+class FeaturesSpec:
+    items: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class DataFrameSpec:
+    """`DataFrame[Transaction]` or `DataFrame[Transaction.id, Transaction.amount]`."""
+
+    items: tuple[Any, ...]
+
+
+class DataFrame(Generic[T]):
+    """Rows of a has-many feature, as a resolver receives and may return them.
+
+    `DataFrame[Transaction]` in an annotation declares a has-many feature. A value is a list of
+    rows keyed by the child's feature names:
+
+    >>> df = DataFrame([{"amount": 3.0}, {"amount": 4.5}])
+    >>> len(df), df["amount"]
+    (2, [3.0, 4.5])
+    """
+
+    __slots__ = ("rows",)
+
+    def __class_getitem__(cls, items: Any) -> Any:
+        return DataFrameSpec(items if isinstance(items, tuple) else (items,))
+
+    def __init__(self, rows: Any = ()) -> None:
+        self.rows: list[dict[str, Any]] = [dict(r) for r in rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.rows)
+
+    def __getitem__(self, column: Any) -> list[Any]:
+        name = column if isinstance(column, str) else getattr(column, "name", column)
+        return [row.get(name) for row in self.rows]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DataFrame) and self.rows == other.rows
+
+    def __hash__(self) -> int:
+        return hash(tuple(tuple(sorted(r.items())) for r in self.rows))
+
+    def __repr__(self) -> str:
+        return f"DataFrame({len(self.rows)} rows)"
+
+    @property
+    def columns(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for row in self.rows:
+            seen.update(dict.fromkeys(row))
+        return list(seen)
+
+    def to_pandas(self) -> Any:
+        import pandas as pd  # optional dependency, only when asked for
+
+        return pd.DataFrame(self.rows)
+
+
+# --- value types -------------------------------------------------------------------------
+
+SCALARS: dict[type, str] = {
+    bool: "bool",
+    int: "int",
+    float: "float",
+    str: "str",
+    datetime: "datetime",
+    date: "date",
+    timedelta: "timedelta",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ValueType:
+    """The type of a feature's value: a scalar name, `list` of an item type, or `dict`."""
+
+    kind: str  # bool int float str datetime date timedelta list dict any
+    nullable: bool = False
+    item: ValueType | None = None
+
+    def __str__(self) -> str:
+        text = f"list[{self.item}]" if self.kind == "list" and self.item else self.kind
+        return f"{text} | None" if self.nullable else text
+
+
+def value_type(annotation: Any) -> ValueType | None:
+    """The ValueType of a plain annotation (`int`, `list[str]`, `float | None`), else None."""
+    nullable = False
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            return None
+        nullable = len(args) < len(typing.get_args(annotation))
+        annotation = args[0]
+        origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        annotation = typing.get_args(annotation)[0]
+        origin = typing.get_origin(annotation)
+    if annotation in SCALARS:
+        return ValueType(SCALARS[annotation], nullable)
+    if annotation is Any:
+        return ValueType("any", True)
+    if annotation is list or origin is list:
+        args = typing.get_args(annotation)
+        item = value_type(args[0]) if args else ValueType("any", True)
+        return ValueType("list", nullable, item) if item else None
+    if annotation is dict or origin is dict:
+        return ValueType("dict", nullable)
+    return None

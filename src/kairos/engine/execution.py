@@ -1,0 +1,475 @@
+"""The online engine: run a plan for one entity or a batch.
+
+A run has four steps:
+1. probe: one online-store read for every cacheable column whose entity key is known;
+2. demand: walk back from the outputs, skipping columns the cache already answers;
+3. execute: start every needed node as a task that waits only for the nodes it reads from,
+   so independent nodes run concurrently (sync user code in a thread pool), each under its
+   timeout; a failure nulls only what depends on it, with a per-feature error;
+4. write back: one store write for every freshly computed cacheable value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from kairos.definitions.binding import BoundExpression
+from kairos.definitions.graph import Graph
+from kairos.definitions.types import DataFrame
+from kairos.engine.evaluate import Compiled, compile_expression
+from kairos.engine.result import ColumnData, FeatureError, NodeTiming
+from kairos.engine.rows import normalize_rows, select_rows
+from kairos.engine.values import check
+from kairos.errors import InvalidValue
+from kairos.planner.plan import Plan, PlanNode
+from kairos.resolvers.registry import BoundInput
+from kairos.stores.online import OnlineStore, StoredValue, StoreKey
+
+ZERO = timedelta(0)
+
+
+@dataclass
+class RunOutcome:
+    columns: dict[str, ColumnData]
+    trace: list[NodeTiming]
+    cache_hits: int
+    computed: int
+
+
+class Engine:
+    """Runs plans against one online store, with one thread pool for sync user code."""
+
+    def __init__(self, graph: Graph, store: OnlineStore, pool: ThreadPoolExecutor) -> None:
+        self.graph = graph
+        self.store = store
+        self.pool = pool
+        self._compiled: dict[tuple[str, str], Compiled] = {}
+        self._inputs: dict[tuple[str, str], tuple[list[Compiled], list[Compiled]]] = {}
+
+    def compiled(self, bound: BoundExpression, column: str) -> Compiled:
+        key = (bound.namespace, column)
+        found = self._compiled.get(key)
+        if found is None:
+            found = self._compiled[key] = compile_expression(bound.tree)
+        return found
+
+    def compiled_input(self, param: BoundInput) -> tuple[list[Compiled], list[Compiled]]:
+        """Filters and projections of a has-many resolver input, compiled once."""
+        key = ("input", str(id(param)))
+        found = self._inputs.get(key)
+        if found is None:
+            found = self._inputs[key] = (
+                [compile_expression(f) for f in param.filters],
+                [compile_expression(p) for p in param.projections],
+            )
+        return found
+
+    async def run(
+        self,
+        plan: Plan,
+        inputs: dict[str, list[Any]],
+        rows: int,
+        now: datetime,
+        staleness: dict[str, timedelta],
+    ) -> RunOutcome:
+        run = _Run(self, plan, rows, now, staleness)
+        run.load(inputs)
+        await run.probe()
+        needed = run.demand()
+        if needed:
+            await run.execute(needed)
+        await run.write_back()
+        return RunOutcome(
+            {name: run.cols[name] for name in plan.outputs}, run.trace, run.hits, run.computed
+        )
+
+
+class _Run:
+    def __init__(
+        self,
+        engine: Engine,
+        plan: Plan,
+        rows: int,
+        now: datetime,
+        staleness: dict[str, timedelta],
+    ) -> None:
+        self.engine = engine
+        self.plan = plan
+        self.n = rows
+        self.now = now
+        self.staleness = staleness
+        self.cols: dict[str, ColumnData] = {}
+        self.cached: dict[str, list[StoredValue | None]] = {}
+        self.demanded: set[str] = set()
+        self.trace: list[NodeTiming] = []
+        self.started = time.perf_counter()
+        self.hits = 0
+        self.computed = 0
+        self.fresh: list[tuple[StoreKey, StoredValue]] = []
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.started) * 1000
+
+    def max_staleness(self, column: str) -> timedelta:
+        override = self.staleness.get(column)
+        return override if override is not None else self.plan.columns[column].info.max_staleness
+
+    def is_fresh(self, stored: StoredValue | None, limit: timedelta) -> bool:
+        return (
+            stored is not None
+            and stored.observed_at <= self.now
+            and self.now - stored.observed_at <= limit
+        )
+
+    def cacheable(self, node: PlanNode) -> list[str]:
+        if node.key is None or node.kind in ("relation", "default"):
+            return []
+        return [c for c in node.outputs if self.max_staleness(c) > ZERO]
+
+    def timed(self, node: PlanNode | None, kind: str, label: str, start: float, rows: int,
+              status: str) -> None:
+        self.trace.append(
+            NodeTiming(
+                node.id if node else None, kind, label, start, self.elapsed_ms() - start, rows,
+                status,
+            )
+        )
+
+    # --- 1. inputs and cache probe --------------------------------------------------------
+
+    def load(self, inputs: dict[str, list[Any]]) -> None:
+        for name, values in inputs.items():
+            self.cols[name] = ColumnData(
+                values, [self.now] * self.n, ["input"] * self.n, [None] * self.n
+            )
+
+    async def probe(self) -> None:
+        """Read every cacheable column whose entity key was given, in one store call."""
+        wanted: list[tuple[str, int]] = []
+        keys: list[StoreKey] = []
+        for node in self.plan.nodes:
+            if node.key not in self.cols:
+                continue
+            key_values = self.cols[node.key].values  # type: ignore[index]
+            for column in self.cacheable(node):
+                if column in self.cols:
+                    continue
+                feature = self.plan.columns[column].info.name
+                for row, key in enumerate(key_values):
+                    if key is not None:
+                        wanted.append((column, row))
+                        keys.append((node.namespace, _hashable(key), feature))
+        if not keys:
+            return
+        start = self.elapsed_ms()
+        found = await self.engine.store.get(keys)
+        for (column, row), stored in zip(wanted, found, strict=True):
+            if self.is_fresh(stored, self.max_staleness(column)):
+                self.cached.setdefault(column, [None] * self.n)[row] = stored
+        self.timed(None, "cache", "online store read", start, len(keys), "ok")
+
+    # --- 2. demand ----------------------------------------------------------------------
+
+    def answered_by_cache(self, column: str) -> bool:
+        cached = self.cached.get(column)
+        if cached is None:
+            return False
+        node = self.plan.node(column)
+        key_values = self.cols[node.key].values if node and node.key in self.cols else None  # type: ignore[index]
+        return all(
+            stored is not None or (key_values is not None and key_values[row] is None)
+            for row, stored in enumerate(cached)
+        )
+
+    def demand(self) -> list[PlanNode]:
+        needed: set[int] = set()
+        stack = list(self.plan.outputs)
+        while stack:
+            column = stack.pop()
+            if column in self.demanded:
+                continue
+            self.demanded.add(column)
+            if column in self.cols:
+                continue
+            if self.answered_by_cache(column):
+                self.cols[column] = self.from_cache(column, ColumnData.empty(self.n))
+                continue
+            node = self.plan.node(column)
+            if node is None:  # pragma: no cover - the planner guarantees a producer
+                raise RuntimeError(f"no producer for {column}")
+            if node.id not in needed:
+                needed.add(node.id)
+                stack.extend(node.inputs)
+                if node.key:
+                    stack.append(node.key)
+        return [node for node in self.plan.nodes if node.id in needed]
+
+    def from_cache(self, column: str, data: ColumnData) -> ColumnData:
+        for row, stored in enumerate(self.cached.get(column, ())):
+            if stored is not None:
+                data.values[row] = stored.value
+                data.observed_at[row] = stored.observed_at
+                data.source[row] = "cache"
+                data.errors[row] = None
+                self.hits += 1
+        return data
+
+    # --- 3. execute ---------------------------------------------------------------------
+
+    async def execute(self, nodes: list[PlanNode]) -> None:
+        tasks: dict[int, asyncio.Task[None]] = {}
+        for node in nodes:  # topological order
+            waits = [tasks[i] for i in node.after if i in tasks]
+            tasks[node.id] = asyncio.ensure_future(self.run_node(node, waits))
+        await asyncio.gather(*tasks.values())
+
+    async def run_node(self, node: PlanNode, waits: Sequence[asyncio.Task[None]]) -> None:
+        if waits:
+            await asyncio.gather(*waits)
+        if node.kind == "relation":
+            self.cols[node.outputs[0]] = self.cols[node.args[0]]  # type: ignore[index]
+            return
+        if node.key is not None and node.key in self.cols and node.key not in self.plan.inputs:
+            await self.probe_node(node)
+        outputs = {name: ColumnData.empty(self.n) for name in node.outputs}
+        rows = self.rows_to_compute(node, outputs)
+        start = self.elapsed_ms()
+        status = "ok"
+        if rows:
+            if node.kind == "default":
+                for row in rows:
+                    self.set(outputs, node.outputs[0], row, node.default, "default")
+            elif node.kind == "expression":
+                status = self.run_expression(node, rows, outputs)
+            else:
+                status = await self.run_resolver(node, rows, outputs)
+            self.computed += len(rows)
+            self.timed(node, node.kind, node.label, start, len(rows), status)
+        for name, data in outputs.items():
+            self.cols[name] = self.from_cache(name, data) if name in self.cached else data
+
+    async def probe_node(self, node: PlanNode) -> None:
+        """Cache read for an entity reached through a relation (its key is known only now)."""
+        columns = [c for c in self.cacheable(node) if c not in self.cached]
+        if not columns:
+            return
+        key_values = self.cols[node.key].values  # type: ignore[index]
+        wanted = [(c, r) for c in columns for r, k in enumerate(key_values) if k is not None]
+        keys: list[StoreKey] = [
+            (node.namespace, _hashable(key_values[r]), self.plan.columns[c].info.name)
+            for c, r in wanted
+        ]
+        if not keys:
+            return
+        start = self.elapsed_ms()
+        found = await self.engine.store.get(keys)
+        for (column, row), stored in zip(wanted, found, strict=True):
+            if self.is_fresh(stored, self.max_staleness(column)):
+                self.cached.setdefault(column, [None] * self.n)[row] = stored
+        self.timed(node, "cache", f"online store read ({node.namespace})", start, len(keys), "ok")
+
+    def rows_to_compute(self, node: PlanNode, outputs: dict[str, ColumnData]) -> list[int]:
+        key_values = self.cols[node.key].values if node.key in self.cols else None  # type: ignore[index]
+        wanted = [c for c in node.outputs if c in self.demanded] or list(node.outputs)
+        rows: list[int] = []
+        for row in range(self.n):
+            if key_values is not None and key_values[row] is None:
+                continue  # the entity does not exist (a null foreign key): values stay null
+            if all(self.cached.get(c) and self.cached[c][row] is not None for c in wanted):
+                continue
+            failed = self.failed_input(node, row)
+            if failed is not None:
+                for name in node.outputs:
+                    outputs[name].errors[row] = FeatureError(
+                        name,
+                        "upstream_error",
+                        f"depends on {failed.feature}, which failed: {failed.message}",
+                        row if self.n > 1 else None,
+                        node.label if node.kind == "python" else None,
+                    )
+                continue
+            rows.append(row)
+        return rows
+
+    def failed_input(self, node: PlanNode, row: int) -> FeatureError | None:
+        for arg in node.inputs:
+            error = self.cols[arg].errors[row]
+            if error is not None:
+                return error
+        return None
+
+    def set(self, outputs: dict[str, ColumnData], column: str, row: int, value: Any,
+            source: str) -> None:
+        info = self.plan.columns[column].info
+        try:
+            value = check(info, value, allow_null=source == "expression")
+        except InvalidValue as error:
+            self.fail(outputs, column, row, "invalid_value", f"{column}: {error}", source)
+            return
+        data = outputs[column]
+        data.values[row] = value
+        data.observed_at[row] = self.now
+        data.source[row] = source
+        if source != "default" and self.max_staleness_declared(column) and value is not None:
+            node = self.plan.node(column)
+            key = self.cols[node.key].values[row] if node and node.key in self.cols else None  # type: ignore[index]
+            if key is not None and node is not None:
+                self.fresh.append(
+                    ((node.namespace, _hashable(key), info.name), StoredValue(value, self.now))
+                )
+
+    def max_staleness_declared(self, column: str) -> bool:
+        return self.plan.columns[column].info.max_staleness > ZERO
+
+    def fail(self, outputs: dict[str, ColumnData], column: str, row: int, code: str,
+             message: str, resolver: str | None) -> None:
+        outputs[column].errors[row] = FeatureError(
+            column, code, message, row if self.n > 1 else None, resolver
+        )
+
+    def run_expression(self, node: PlanNode, rows: list[int], outputs: dict[str, ColumnData]) -> str:
+        assert_expression = node.expression
+        if assert_expression is None:  # pragma: no cover - planner invariant
+            raise RuntimeError(f"expression node {node.label} has no expression")
+        column = node.outputs[0]
+        fn = self.engine.compiled(assert_expression, column)
+        arg_cols = [self.cols[a].values for a in node.args if a is not None]
+        status = "ok"
+        for row in rows:
+            try:
+                value = fn([values[row] for values in arg_cols], self.now, None)
+            except Exception as error:  # the user's expression on this row's data
+                self.fail(outputs, column, row, "expression_error",
+                          f"{column}: {type(error).__name__}: {error}", None)
+                status = "error"
+                continue
+            self.set(outputs, column, row, value, "expression")
+        return status
+
+    async def run_resolver(
+        self, node: PlanNode, rows: list[int], outputs: dict[str, ColumnData]
+    ) -> str:
+        bound = node.resolver
+        if bound is None:  # pragma: no cover - planner invariant
+            raise RuntimeError(f"python node {node.label} has no resolver")
+        calls = [self.arguments(node, row) for row in rows]
+        results: list[tuple[bool, Any] | None] = [None] * len(rows)
+        fn = bound.resolver.fn
+        if bound.resolver.is_async:
+
+            async def one(index: int) -> None:
+                try:
+                    results[index] = (True, await fn(*calls[index]))
+                except Exception as error:  # the user's resolver
+                    results[index] = (False, error)
+
+            work: Any = asyncio.gather(*(one(i) for i in range(len(rows))))
+        else:
+
+            def run_all() -> None:
+                for index, args in enumerate(calls):
+                    try:
+                        results[index] = (True, fn(*args))
+                    except Exception as error:  # the user's resolver
+                        results[index] = (False, error)
+
+            work = asyncio.get_running_loop().run_in_executor(self.engine.pool, run_all)
+        status = "ok"
+        try:
+            await asyncio.wait_for(work, node.timeout.total_seconds())
+        except TimeoutError:
+            status = "timeout"
+        for index, row in enumerate(rows):
+            result = results[index]
+            if result is None:
+                for name in node.outputs:
+                    self.fail(outputs, name, row, "timeout",
+                              f"resolver {node.label!r} did not finish within "
+                              f"{node.timeout.total_seconds():g}s", node.label)
+                continue
+            ok, value = result
+            if not ok:
+                status = "error" if status == "ok" else status
+                for name in node.outputs:
+                    self.fail(outputs, name, row, "resolver_error",
+                              f"resolver {node.label!r} raised {type(value).__name__}: {value}",
+                              node.label)
+                continue
+            self.store_result(node, row, value, outputs)
+        return status
+
+    def arguments(self, node: PlanNode, row: int) -> list[Any]:
+        bound = node.resolver
+        args: list[Any] = []
+        for param, column in zip(bound.inputs, node.args, strict=True):  # type: ignore[union-attr]
+            if column is None:
+                args.append(self.now)
+                continue
+            value = self.cols[column].values[row]
+            if param.info is not None and param.info.kind == "has_many":
+                filters, projections = self.engine.compiled_input(param)
+                value = DataFrame(
+                    select_rows(value or [], filters, projections, param.columns, self.now)
+                )
+            args.append(value)
+        return args
+
+    def store_result(self, node: PlanNode, row: int, value: Any,
+                     outputs: dict[str, ColumnData]) -> None:
+        bound = node.resolver
+        label = node.label
+        if bound is None:  # pragma: no cover - planner invariant
+            return
+        if bound.shape == "rows":
+            column = node.outputs[0]
+            info = self.plan.columns[column].info
+            try:
+                rows = normalize_rows(self.engine.graph, info, value, self.now)
+            except InvalidValue as error:
+                self.fail(outputs, column, row, "invalid_value", f"{column}: {error}", label)
+                return
+            self.set(outputs, column, row, rows, label)
+            return
+        if bound.shape == "one":
+            self.set(outputs, node.outputs[0], row, value, label)
+            return
+        names = bound.outputs
+        if isinstance(value, tuple | list) and len(value) == len(names):
+            by_name = dict(zip(names, value, strict=True))
+        elif isinstance(value, dict):
+            by_name = {str(k).rpartition(".")[2]: v for k, v in value.items()}
+        elif hasattr(value, "__kairos__"):
+            by_name = {k: v for k, v in vars(value).items() if k in names}
+        else:
+            for column in node.outputs:
+                self.fail(outputs, column, row, "invalid_value",
+                          f"resolver {label!r} must return a tuple of {len(names)} values, a "
+                          f"dict or a feature-class instance; got {type(value).__name__}", label)
+            return
+        for name, column in zip(names, node.outputs, strict=True):
+            if name in by_name:
+                self.set(outputs, column, row, by_name[name], label)
+            else:
+                self.fail(outputs, column, row, "missing",
+                          f"resolver {label!r} returned no value for {name!r}", label)
+
+    # --- 4. write back --------------------------------------------------------------------
+
+    async def write_back(self) -> None:
+        if not self.fresh:
+            return
+        start = self.elapsed_ms()
+        await self.engine.store.put(self.fresh)
+        self.timed(None, "cache", "online store write", start, len(self.fresh), "ok")
+
+
+def _hashable(key: Any) -> Hashable:
+    return key if isinstance(key, Hashable) else repr(key)

@@ -1,0 +1,143 @@
+"""What a query returns: values, per-feature errors, where each value came from, and a trace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureError:
+    """Why one feature (of one row, in a bulk query) has no value."""
+
+    feature: str
+    code: str  # resolver_error | timeout | upstream_error | invalid_value | expression_error
+    message: str
+    row: int | None = None
+    resolver: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureValue:
+    feature: str
+    value: Any
+    observed_at: datetime | None
+    source: str | None  # "cache", "input", "default", a resolver's name, or "expression"
+    error: FeatureError | None = None
+
+    @property
+    def cached(self) -> bool:
+        return self.source == "cache"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTiming:
+    """One step of a query: a plan node, or the store reads and writes around them."""
+
+    node: int | None
+    kind: str
+    label: str
+    start_ms: float
+    duration_ms: float
+    rows: int
+    status: str  # ok | error | timeout | skipped
+
+
+@dataclass(frozen=True, slots=True)
+class QueryMeta:
+    query_id: str
+    now: datetime
+    duration_ms: float
+    rows: int
+    cache_hits: int
+    computed: int
+
+
+@dataclass
+class ColumnData:
+    """One column of a query, one slot per entity (row)."""
+
+    values: list[Any]
+    observed_at: list[datetime | None]
+    source: list[str | None]
+    errors: list[FeatureError | None]
+
+    @classmethod
+    def empty(cls, rows: int) -> ColumnData:
+        return cls([None] * rows, [None] * rows, [None] * rows, [None] * rows)
+
+
+NameOf = Callable[[Any], str]
+
+
+@dataclass
+class QueryResult:
+    """The answer to `client.query(...)` for one entity.
+
+    >>> r = client.query(input={User.id: "u1"}, output=[User.balance])  # doctest: +SKIP
+    >>> r.get_value(User.balance), r.errors, r.meta.query_id  # doctest: +SKIP
+    """
+
+    features: dict[str, FeatureValue]
+    meta: QueryMeta
+    trace: list[NodeTiming]
+    name_of: NameOf = field(repr=False, default=str)
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return {name: fv.value for name, fv in self.features.items()}
+
+    @property
+    def errors(self) -> list[FeatureError]:
+        return [fv.error for fv in self.features.values() if fv.error is not None]
+
+    def get(self, feature: Any) -> FeatureValue:
+        return self.features[self.name_of(feature)]
+
+    def get_value(self, feature: Any, default: Any = None) -> Any:
+        found = self.features.get(self.name_of(feature))
+        return default if found is None or found.value is None else found.value
+
+    def __iter__(self) -> Iterator[FeatureValue]:
+        return iter(self.features.values())
+
+
+@dataclass
+class BulkResult:
+    """The answer to `client.query_bulk(...)`: one value per entity for every output."""
+
+    columns: dict[str, ColumnData]
+    meta: QueryMeta
+    trace: list[NodeTiming]
+    name_of: NameOf = field(repr=False, default=str)
+
+    def __len__(self) -> int:
+        return self.meta.rows
+
+    @property
+    def values(self) -> dict[str, list[Any]]:
+        return {name: list(col.values) for name, col in self.columns.items()}
+
+    @property
+    def errors(self) -> list[FeatureError]:
+        return [e for col in self.columns.values() for e in col.errors if e is not None]
+
+    def column(self, feature: Any) -> list[Any]:
+        return list(self.columns[self.name_of(feature)].values)
+
+    def row(self, index: int) -> dict[str, FeatureValue]:
+        return {
+            name: FeatureValue(
+                name, col.values[index], col.observed_at[index], col.source[index],
+                col.errors[index],
+            )
+            for name, col in self.columns.items()
+        }
+
+    def to_rows(self) -> list[dict[str, Any]]:
+        return [
+            {name: col.values[i] for name, col in self.columns.items()}
+            for i in range(self.meta.rows)
+        ]

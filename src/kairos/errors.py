@@ -1,0 +1,62 @@
+"""Every error kairos raises on purpose: one base, and the builtin that fits as a second base.
+
+Messages name the object, the offending value and the fix, and suggest near matches.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class KairosError(Exception):
+    """Base of every error kairos raises on purpose."""
+
+
+class DefinitionError(KairosError, TypeError):
+    """A feature class, expression or resolver is declared wrongly."""
+
+
+class ProjectError(KairosError, ImportError):
+    """A project folder cannot be loaded (missing, a syntax error, an import that fails)."""
+
+
+class UnknownFeature(KairosError, KeyError):
+    """A feature name that no feature class declares."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidInput(KairosError, ValueError):
+    """A query input has the wrong type, shape or value."""
+
+
+class InvalidValue(KairosError, ValueError):
+    """A value does not fit its feature's declared type, nullability or range."""
+
+
+class PlanError(KairosError, ValueError):
+    """The requested outputs cannot be computed from the given inputs."""
+
+
+class NoPath(PlanError):
+    """No resolver, expression or relation reaches a feature from the inputs."""
+
+
+class MissingInput(NoPath):
+    """A primary key the query needs was not passed."""
+
+
+class AmbiguousResolvers(PlanError):
+    """More than one resolver could produce a feature from the same inputs."""
+
+
+class CycleError(PlanError):
+    """Features depend on each other in a loop."""
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """Return "; did you mean 'x'?" for the closest candidate, or "" when none is close."""
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -1,0 +1,178 @@
+"""Python resolvers: `@online` and `@offline` functions whose signatures are the graph.
+
+    @online
+    def balance(uid: User.id) -> User.balance: ...
+
+    @online(timeout="200ms")
+    async def profile(uid: User.id, now: Now) -> Features[User.name, User.email]: ...
+
+The decorated object is still a plain callable, so users unit-test it by calling it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar, overload
+
+from kairos.definitions.durations import DurationLike, parse_duration
+from kairos.definitions.feature import Feature, FeatureRef, HasManyRef
+from kairos.definitions.types import DataFrameSpec, FeaturesSpec, Now
+from kairos.errors import DefinitionError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    """One resolver parameter: a feature, a has-many feature (maybe filtered), or `Now`."""
+
+    name: str
+    ref: FeatureRef | None  # None for Now
+    items: tuple[Any, ...] = ()  # [...] on a has-many input
+
+    @property
+    def is_now(self) -> bool:
+        return self.ref is None
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    parameters: tuple[Parameter, ...]
+    outputs: tuple[Any, ...]  # FeatureRef, or a DataFrameSpec to match against a has-many
+    shape: str  # "one" (a value), "many" (Features[...]) or "rows" (DataFrame[...])
+
+
+class Resolver:
+    """A user function plus what kairos needs to call it; calling it calls the function."""
+
+    def __init__(
+        self, fn: Callable[..., Any], kind: str, timeout: timedelta | None, name: str | None
+    ) -> None:
+        self.fn = fn
+        self.kind = kind
+        self.timeout = timeout
+        self.name = name or fn.__name__
+        self.is_async = inspect.iscoroutinefunction(fn)
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        self._signature: Signature | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} resolver {self.name}>"
+
+    @property
+    def where(self) -> str:
+        code = getattr(self.fn, "__code__", None)
+        return f"{code.co_filename}:{code.co_firstlineno}" if code else repr(self.fn)
+
+    @functools.cached_property
+    def version(self) -> str:
+        """A short hash of the function's source, so logs can tell which code made a value."""
+        try:
+            text = inspect.getsource(self.fn)
+        except (OSError, TypeError):
+            text = self.fn.__qualname__
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @property
+    def signature(self) -> Signature:
+        if self._signature is None:
+            self._signature = _read_signature(self)
+        return self._signature
+
+
+def _annotation(resolver: Resolver, value: Any, what: str) -> Any:
+    if isinstance(value, str):
+        scope = dict(getattr(resolver.fn, "__globals__", {}))
+        try:
+            return eval(value, scope)  # the user's own annotation text
+        except Exception as error:
+            raise DefinitionError(
+                f"resolver {resolver.name!r} ({resolver.where}): cannot read the annotation "
+                f"{value!r} of {what} ({error})"
+            ) from None
+    return value
+
+
+def _read_signature(resolver: Resolver) -> Signature:
+    where = f"resolver {resolver.name!r} ({resolver.where})"
+    signature = inspect.signature(resolver.fn)
+    parameters = []
+    for param in signature.parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise DefinitionError(f"{where}: *args/**kwargs cannot be resolver inputs")
+        annotation = _annotation(resolver, param.annotation, f"parameter {param.name!r}")
+        if annotation is Now:
+            parameters.append(Parameter(param.name, None))
+        elif isinstance(annotation, Feature):
+            parameters.append(Parameter(param.name, annotation.ref))
+        elif isinstance(annotation, FeatureRef):
+            parameters.append(Parameter(param.name, annotation))
+        elif isinstance(annotation, HasManyRef):
+            parameters.append(Parameter(param.name, annotation.ref, annotation.items))
+        else:
+            raise DefinitionError(
+                f"{where}: parameter {param.name!r} must be annotated with a feature "
+                f"(e.g. `uid: User.id`) or `Now`; got {annotation!r}"
+            )
+    returned = _annotation(resolver, signature.return_annotation, "the return value")
+    if isinstance(returned, Feature | FeatureRef):
+        outputs: tuple[Any, ...] = (returned.ref if isinstance(returned, Feature) else returned,)
+        shape = "one"
+    elif isinstance(returned, FeaturesSpec):
+        outputs = tuple(_output_ref(where, item) for item in returned.items)
+        shape = "many"
+    elif isinstance(returned, DataFrameSpec):
+        outputs = (returned,)
+        shape = "rows"
+    else:
+        raise DefinitionError(
+            f"{where}: annotate what it returns: -> User.balance, -> Features[User.a, User.b] "
+            f"or -> DataFrame[Transaction]; got {returned!r}"
+        )
+    return Signature(tuple(parameters), outputs, shape)
+
+
+def _output_ref(where: str, item: Any) -> FeatureRef:
+    if isinstance(item, Feature):
+        return item.ref
+    if isinstance(item, FeatureRef) and not item.path:
+        return item
+    raise DefinitionError(f"{where}: Features[...] lists features of one class; got {item!r}")
+
+
+def _decorator(kind: str) -> Any:
+    @overload
+    def decorate(fn: F, /) -> F: ...
+
+    @overload
+    def decorate(
+        *, timeout: DurationLike | None = None, name: str | None = None
+    ) -> Callable[[F], F]: ...
+
+    def decorate(
+        fn: Any = None, /, *, timeout: DurationLike | None = None, name: str | None = None
+    ) -> Any:
+        limit = None if timeout is None else parse_duration(timeout, field="timeout")
+
+        def wrap(function: Callable[..., Any]) -> Any:
+            if not callable(function):
+                raise DefinitionError(f"@{kind} decorates a function; got {function!r}")
+            return Resolver(function, kind, limit, name)
+
+        return wrap(fn) if fn is not None else wrap
+
+    decorate.__name__ = kind
+    decorate.__doc__ = f"Mark a function as an {kind} resolver; its annotations say what it reads"
+    return decorate
+
+
+online = _decorator("online")
+offline = _decorator("offline")

@@ -1,0 +1,76 @@
+"""Online stores: the latest value of each feature of each entity, with its observed_at.
+
+One semantics for every backend; the engine decides freshness (observed_at <= now and
+now - observed_at <= max_staleness), a store only keeps the newest value it was given.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from kairos.errors import KairosError
+
+
+@dataclass(frozen=True, slots=True)
+class StoredValue:
+    value: Any
+    observed_at: datetime
+
+
+# (namespace, primary key, feature name)
+StoreKey = tuple[str, Hashable, str]
+
+
+class OnlineStore(Protocol):
+    """What the engine needs from an online store. Calls take every key of a query at once,
+    so a networked store can answer in one round trip."""
+
+    async def get(self, keys: Sequence[StoreKey]) -> list[StoredValue | None]: ...
+
+    async def put(self, items: Sequence[tuple[StoreKey, StoredValue]]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryOnlineStore:
+    """In-process store: a dict per entity. Never replaces a value with an older one."""
+
+    def __init__(self) -> None:
+        self._entities: dict[tuple[str, Hashable], dict[str, StoredValue]] = {}
+        self._lock = threading.Lock()
+
+    async def get(self, keys: Sequence[StoreKey]) -> list[StoredValue | None]:
+        entities = self._entities
+        found: list[StoredValue | None] = []
+        for namespace, key, name in keys:
+            entity = entities.get((namespace, key))
+            found.append(entity.get(name) if entity is not None else None)
+        return found
+
+    async def put(self, items: Sequence[tuple[StoreKey, StoredValue]]) -> None:
+        with self._lock:
+            for (namespace, key, name), stored in items:
+                entity = self._entities.setdefault((namespace, key), {})
+                current = entity.get(name)
+                if current is None or current.observed_at <= stored.observed_at:
+                    entity[name] = stored
+
+    async def close(self) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return sum(len(entity) for entity in self._entities.values())
+
+
+def online_store_from_url(url: str) -> OnlineStore:
+    """`memory://` today; SQLite files and Redis plug in here by URL scheme."""
+    scheme = url.partition("://")[0]
+    if scheme == "memory":
+        return MemoryOnlineStore()
+    raise KairosError(
+        f"online store URL {url!r} is not supported; use 'memory://'"
+    )
