@@ -1,10 +1,10 @@
 """kairos: real-time inference, data path and model path planned as one query.
 
-    import kairos as kr
-    from kairos import features, online, DataFrame, FeatureTime, Now, _
+import kairos as kr
+from kairos import features, online, DataFrame, FeatureTime, Now, _
 
-    client = kr.Client("examples/fraud")
-    r = client.query(input={"user.id": "u1"}, output=["user.risk"])
+client = kr.Client("examples/fraud")
+r = client.query(input={"user.id": "u1"}, output=["user.risk"])
 """
 
 from kairos.client import Client, Project
@@ -65,6 +65,7 @@ __all__ = [
     "PlanError",
     "Primary",
     "Project",
+    "ProjectError",
     "QueryResult",
     "UnknownFeature",
     "Windowed",

@@ -8,10 +8,10 @@ import concurrent.futures
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kairos.client.project import Project
 from kairos.definitions.durations import DurationLike, parse_duration
@@ -25,6 +25,8 @@ from kairos.planner.plan import Plan
 from kairos.planner.planner import Planner
 from kairos.resolvers.registry import ResolverSet
 from kairos.stores.online import OnlineStore, online_store_from_url
+
+T = TypeVar("T")
 
 
 class Client:
@@ -117,8 +119,9 @@ class Client:
         query_id: str | None = None,
     ) -> QueryResult:
         """Compute `output` for one entity identified by `input`."""
-        return self._sync(self.query_async(input, output, now=now, staleness=staleness,
-                                           query_id=query_id))
+        return self._sync(
+            self.query_async(input, output, now=now, staleness=staleness, query_id=query_id)
+        )
 
     async def query_async(
         self,
@@ -130,13 +133,16 @@ class Client:
         query_id: str | None = None,
     ) -> QueryResult:
         if not isinstance(input, Mapping):
-            raise InvalidInput("input must be a mapping of feature -> value, e.g. "
-                               "{User.id: 'u1'}; for many entities use query_bulk")
+            raise InvalidInput(
+                "input must be a mapping of feature -> value, e.g. "
+                "{User.id: 'u1'}; for many entities use query_bulk"
+            )
         columns = {self.name(k): [v] for k, v in input.items()}
         bulk = await self._run(columns, 1, output, now, staleness, query_id)
         features = {
-            name: FeatureValue(name, col.values[0], col.observed_at[0], col.source[0],
-                               col.errors[0])
+            name: FeatureValue(
+                name, col.values[0], col.observed_at[0], col.source[0], col.errors[0]
+            )
             for name, col in bulk.columns.items()
         }
         return QueryResult(features, bulk.meta, bulk.trace, self.name)
@@ -154,8 +160,9 @@ class Client:
 
         `input` is columns (`{User.id: ["u1", "u2"]}`) or rows (`[{User.id: "u1"}, ...]`).
         """
-        return self._sync(self.query_bulk_async(input, output, now=now, staleness=staleness,
-                                                query_id=query_id))
+        return self._sync(
+            self.query_bulk_async(input, output, now=now, staleness=staleness, query_id=query_id)
+        )
 
     async def query_bulk_async(
         self,
@@ -240,7 +247,7 @@ class Client:
 
     # --- running async code from sync callers ----------------------------------------------
 
-    def _sync(self, coroutine: Any) -> Any:
+    def _sync(self, coroutine: Coroutine[Any, Any, T]) -> T:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -281,5 +288,3 @@ def _now(now: datetime | None) -> datetime:
     if not isinstance(now, datetime):
         raise InvalidInput(f"now={now!r} must be a datetime")
     return to_utc(now)
-
-

@@ -62,8 +62,10 @@ class Project:
         """Import every module of the project folder (or one `.py` file)."""
         root = Path(path).expanduser().resolve()
         if not root.exists():
-            raise ProjectError(f"project folder {str(path)!r} does not exist; pass a folder "
-                               "containing your feature and resolver modules")
+            raise ProjectError(
+                f"project folder {str(path)!r} does not exist; pass a folder "
+                "containing your feature and resolver modules"
+            )
         files = [root] if root.is_file() else _module_files(root)
         if root.is_file() and root.suffix != ".py":
             raise ProjectError(f"{str(path)!r} is not a folder or a .py file")
@@ -83,8 +85,10 @@ def _module_files(root: Path) -> list[Path]:
             continue
         files.append(file)
     if not files:
-        raise ProjectError(f"project folder {str(root)!r} has no Python modules; add e.g. "
-                           "features.py with your @features classes")
+        raise ProjectError(
+            f"project folder {str(root)!r} has no Python modules; add e.g. "
+            "features.py with your @features classes"
+        )
     return files
 
 
@@ -105,7 +109,7 @@ def _package(folder: Path) -> str:
         module.__path__ = [str(folder)]
         sys.modules[name] = module
         if spec.loader is not None:
-            _run(lambda: spec.loader.exec_module(module), init)  # type: ignore[union-attr]
+            _run(lambda: spec.loader.exec_module(module), init)
     return name
 
 

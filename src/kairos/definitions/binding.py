@@ -138,7 +138,9 @@ class _Binder:
             if bound is not None:
                 return bound
         *hops, name = node.path
-        ref = FeatureRef(self.namespace, tuple(hops), name, node.window and window_name(node.window))
+        ref = FeatureRef(
+            self.namespace, tuple(hops), name, node.window and window_name(node.window)
+        )
         try:
             _, info = self.graph.walk(ref)
         except KairosError as error:
@@ -177,7 +179,7 @@ class _Binder:
         names: list[str] = []
         for item in items:
             if isinstance(item, Feature | FeatureRef):
-                item = ex.Col(((item.name if isinstance(item, Feature) else item.name),))
+                item = ex.Col((item.name,))
             bound = self.row(child, item)
             if self.is_predicate(child, item, bound):
                 filters.append(bound)
@@ -201,9 +203,7 @@ class _Binder:
                 raise self.fail(f"inside [...] {info.fqn} is a relation, not a column")
             if info.expression is not None:
                 # a computed column of the child: evaluate its definition on the row
-                return _Binder(self.graph, child, info.fqn, self.window).row(
-                    child, info.expression
-                )
+                return _Binder(self.graph, child, info.fqn, self.window).row(child, info.expression)
             return Field(node.path[0])
         if isinstance(node, ex.Select | ex.Agg):
             raise self.fail(f"nested has-many expressions are not supported inside [...]: {node!r}")

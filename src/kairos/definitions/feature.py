@@ -173,7 +173,7 @@ class Feature:
     has-one relation and `User.txn_count["7d"]` picks a window.
     """
 
-    __slots__ = ("annotation", "name", "namespace", "options", "owner_class", "implicit")
+    __slots__ = ("annotation", "implicit", "name", "namespace", "options", "owner_class")
 
     def __init__(
         self,
@@ -281,7 +281,11 @@ def features(
 
 
 def _decorate(
-    cls: C, namespace: str, max_staleness: timedelta | None, owner: str | None, tags: tuple[str, ...]
+    cls: C,
+    namespace: str,
+    max_staleness: timedelta | None,
+    owner: str | None,
+    tags: tuple[str, ...],
 ) -> C:
     annotations = inspect.get_annotations(cls)
     spec = FeatureClassSpec(cls, namespace, {}, max_staleness, owner, tags)
@@ -311,7 +315,7 @@ def _decorate(
         setattr(cls, name, feat)
     cls.__kairos__ = spec  # type: ignore[attr-defined]
     cls.__init__ = _init  # type: ignore[misc]
-    cls.__repr__ = _repr  # type: ignore[method-assign]
+    cls.__repr__ = _repr  # type: ignore[method-assign, assignment]
     return cls
 
 
@@ -322,8 +326,7 @@ def _init(self: Any, **values: Any) -> None:
             from kairos.errors import did_you_mean
 
             raise DefinitionError(
-                f"{type(self).__name__} has no feature {name!r}"
-                f"{did_you_mean(name, spec.features)}"
+                f"{type(self).__name__} has no feature {name!r}{did_you_mean(name, spec.features)}"
             )
         object.__setattr__(self, name, value)
 

@@ -1,10 +1,10 @@
 """Feature value types and the markers users write in annotations.
 
-    id: Primary[str]              primary key (a field named `id` is one by default)
-    ts: FeatureTime               when the row became true
-    user_id: "User.id"            foreign key: makes `Transaction.user` and `User.transactions`
-    transactions: DataFrame[Transaction]         has-many
-    txn_count: Windowed[int] = windowed("1d", "7d", expression=...)
+id: Primary[str]              primary key (a field named `id` is one by default)
+ts: FeatureTime               when the row became true
+user_id: "User.id"            foreign key: makes `Transaction.user` and `User.transactions`
+transactions: DataFrame[Transaction]         has-many
+txn_count: Windowed[int] = windowed("1d", "7d", expression=...)
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class DataFrame(Generic[T]):
         return list(seen)
 
     def to_pandas(self) -> Any:
-        import pandas as pd  # optional dependency, only when asked for
+        import pandas as pd  # type: ignore[import-untyped]  # optional, only when asked for
 
         return pd.DataFrame(self.rows)
 
@@ -201,8 +201,8 @@ def value_type(annotation: Any) -> ValueType | None:
     if annotation is Any:
         return ValueType("any", True)
     if annotation is list or origin is list:
-        args = typing.get_args(annotation)
-        item = value_type(args[0]) if args else ValueType("any", True)
+        items = typing.get_args(annotation)
+        item = value_type(items[0]) if items else ValueType("any", True)
         return ValueType("list", nullable, item) if item else None
     if annotation is dict or origin is dict:
         return ValueType("dict", nullable)

@@ -122,6 +122,13 @@ class _Run:
         override = self.staleness.get(column)
         return override if override is not None else self.plan.columns[column].info.max_staleness
 
+    def keys(self, node: PlanNode | None) -> list[Any] | None:
+        """Primary keys of the entities a node computes for, once they are known."""
+        if node is None or node.key is None:
+            return None
+        column = self.cols.get(node.key)
+        return column.values if column is not None else None
+
     def is_fresh(self, stored: StoredValue | None, limit: timedelta) -> bool:
         return (
             stored is not None
@@ -134,11 +141,17 @@ class _Run:
             return []
         return [c for c in node.outputs if self.max_staleness(c) > ZERO]
 
-    def timed(self, node: PlanNode | None, kind: str, label: str, start: float, rows: int,
-              status: str) -> None:
+    def timed(
+        self, node: PlanNode | None, kind: str, label: str, start: float, rows: int, status: str
+    ) -> None:
         self.trace.append(
             NodeTiming(
-                node.id if node else None, kind, label, start, self.elapsed_ms() - start, rows,
+                node.id if node else None,
+                kind,
+                label,
+                start,
+                self.elapsed_ms() - start,
+                rows,
                 status,
             )
         )
@@ -156,9 +169,9 @@ class _Run:
         wanted: list[tuple[str, int]] = []
         keys: list[StoreKey] = []
         for node in self.plan.nodes:
-            if node.key not in self.cols:
+            key_values = self.keys(node)
+            if key_values is None:
                 continue
-            key_values = self.cols[node.key].values  # type: ignore[index]
             for column in self.cacheable(node):
                 if column in self.cols:
                     continue
@@ -183,7 +196,7 @@ class _Run:
         if cached is None:
             return False
         node = self.plan.node(column)
-        key_values = self.cols[node.key].values if node and node.key in self.cols else None  # type: ignore[index]
+        key_values = self.keys(node)
         return all(
             stored is not None or (key_values is not None and key_values[row] is None)
             for row, stored in enumerate(cached)
@@ -235,9 +248,9 @@ class _Run:
         if waits:
             await asyncio.gather(*waits)
         if node.kind == "relation":
-            self.cols[node.outputs[0]] = self.cols[node.args[0]]  # type: ignore[index]
+            self.cols[node.outputs[0]] = self.cols[node.inputs[0]]
             return
-        if node.key is not None and node.key in self.cols and node.key not in self.plan.inputs:
+        if self.keys(node) is not None and node.key not in self.plan.inputs:
             await self.probe_node(node)
         outputs = {name: ColumnData.empty(self.n) for name in node.outputs}
         rows = self.rows_to_compute(node, outputs)
@@ -261,7 +274,7 @@ class _Run:
         columns = [c for c in self.cacheable(node) if c not in self.cached]
         if not columns:
             return
-        key_values = self.cols[node.key].values  # type: ignore[index]
+        key_values = self.keys(node) or []
         wanted = [(c, r) for c in columns for r, k in enumerate(key_values) if k is not None]
         keys: list[StoreKey] = [
             (node.namespace, _hashable(key_values[r]), self.plan.columns[c].info.name)
@@ -277,7 +290,7 @@ class _Run:
         self.timed(node, "cache", f"online store read ({node.namespace})", start, len(keys), "ok")
 
     def rows_to_compute(self, node: PlanNode, outputs: dict[str, ColumnData]) -> list[int]:
-        key_values = self.cols[node.key].values if node.key in self.cols else None  # type: ignore[index]
+        key_values = self.keys(node)
         wanted = [c for c in node.outputs if c in self.demanded] or list(node.outputs)
         rows: list[int] = []
         for row in range(self.n):
@@ -306,8 +319,9 @@ class _Run:
                 return error
         return None
 
-    def set(self, outputs: dict[str, ColumnData], column: str, row: int, value: Any,
-            source: str) -> None:
+    def set(
+        self, outputs: dict[str, ColumnData], column: str, row: int, value: Any, source: str
+    ) -> None:
         info = self.plan.columns[column].info
         try:
             value = check(info, value, allow_null=source == "expression")
@@ -320,7 +334,8 @@ class _Run:
         data.source[row] = source
         if source != "default" and self.max_staleness_declared(column) and value is not None:
             node = self.plan.node(column)
-            key = self.cols[node.key].values[row] if node and node.key in self.cols else None  # type: ignore[index]
+            key_values = self.keys(node)
+            key = key_values[row] if key_values is not None else None
             if key is not None and node is not None:
                 self.fresh.append(
                     ((node.namespace, _hashable(key), info.name), StoredValue(value, self.now))
@@ -329,13 +344,22 @@ class _Run:
     def max_staleness_declared(self, column: str) -> bool:
         return self.plan.columns[column].info.max_staleness > ZERO
 
-    def fail(self, outputs: dict[str, ColumnData], column: str, row: int, code: str,
-             message: str, resolver: str | None) -> None:
+    def fail(
+        self,
+        outputs: dict[str, ColumnData],
+        column: str,
+        row: int,
+        code: str,
+        message: str,
+        resolver: str | None,
+    ) -> None:
         outputs[column].errors[row] = FeatureError(
             column, code, message, row if self.n > 1 else None, resolver
         )
 
-    def run_expression(self, node: PlanNode, rows: list[int], outputs: dict[str, ColumnData]) -> str:
+    def run_expression(
+        self, node: PlanNode, rows: list[int], outputs: dict[str, ColumnData]
+    ) -> str:
         assert_expression = node.expression
         if assert_expression is None:  # pragma: no cover - planner invariant
             raise RuntimeError(f"expression node {node.label} has no expression")
@@ -347,8 +371,14 @@ class _Run:
             try:
                 value = fn([values[row] for values in arg_cols], self.now, None)
             except Exception as error:  # the user's expression on this row's data
-                self.fail(outputs, column, row, "expression_error",
-                          f"{column}: {type(error).__name__}: {error}", None)
+                self.fail(
+                    outputs,
+                    column,
+                    row,
+                    "expression_error",
+                    f"{column}: {type(error).__name__}: {error}",
+                    None,
+                )
                 status = "error"
                 continue
             self.set(outputs, column, row, value, "expression")
@@ -391,17 +421,28 @@ class _Run:
             result = results[index]
             if result is None:
                 for name in node.outputs:
-                    self.fail(outputs, name, row, "timeout",
-                              f"resolver {node.label!r} did not finish within "
-                              f"{node.timeout.total_seconds():g}s", node.label)
+                    self.fail(
+                        outputs,
+                        name,
+                        row,
+                        "timeout",
+                        f"resolver {node.label!r} did not finish within "
+                        f"{node.timeout.total_seconds():g}s",
+                        node.label,
+                    )
                 continue
             ok, value = result
             if not ok:
                 status = "error" if status == "ok" else status
                 for name in node.outputs:
-                    self.fail(outputs, name, row, "resolver_error",
-                              f"resolver {node.label!r} raised {type(value).__name__}: {value}",
-                              node.label)
+                    self.fail(
+                        outputs,
+                        name,
+                        row,
+                        "resolver_error",
+                        f"resolver {node.label!r} raised {type(value).__name__}: {value}",
+                        node.label,
+                    )
                 continue
             self.store_result(node, row, value, outputs)
         return status
@@ -422,8 +463,9 @@ class _Run:
             args.append(value)
         return args
 
-    def store_result(self, node: PlanNode, row: int, value: Any,
-                     outputs: dict[str, ColumnData]) -> None:
+    def store_result(
+        self, node: PlanNode, row: int, value: Any, outputs: dict[str, ColumnData]
+    ) -> None:
         bound = node.resolver
         label = node.label
         if bound is None:  # pragma: no cover - planner invariant
@@ -450,16 +492,28 @@ class _Run:
             by_name = {k: v for k, v in vars(value).items() if k in names}
         else:
             for column in node.outputs:
-                self.fail(outputs, column, row, "invalid_value",
-                          f"resolver {label!r} must return a tuple of {len(names)} values, a "
-                          f"dict or a feature-class instance; got {type(value).__name__}", label)
+                self.fail(
+                    outputs,
+                    column,
+                    row,
+                    "invalid_value",
+                    f"resolver {label!r} must return a tuple of {len(names)} values, a "
+                    f"dict or a feature-class instance; got {type(value).__name__}",
+                    label,
+                )
             return
         for name, column in zip(names, node.outputs, strict=True):
             if name in by_name:
                 self.set(outputs, column, row, by_name[name], label)
             else:
-                self.fail(outputs, column, row, "missing",
-                          f"resolver {label!r} returned no value for {name!r}", label)
+                self.fail(
+                    outputs,
+                    column,
+                    row,
+                    "missing",
+                    f"resolver {label!r} returned no value for {name!r}",
+                    label,
+                )
 
     # --- 4. write back --------------------------------------------------------------------
 

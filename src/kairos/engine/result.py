@@ -130,7 +130,10 @@ class BulkResult:
     def row(self, index: int) -> dict[str, FeatureValue]:
         return {
             name: FeatureValue(
-                name, col.values[index], col.observed_at[index], col.source[index],
+                name,
+                col.values[index],
+                col.observed_at[index],
+                col.source[index],
                 col.errors[index],
             )
             for name, col in self.columns.items()

@@ -12,7 +12,9 @@ from kairos.engine.values import coerce
 from kairos.errors import InvalidValue, did_you_mean
 
 
-def normalize_rows(graph: Graph, info: FeatureInfo, value: Any, now: datetime) -> list[dict[str, Any]]:
+def normalize_rows(
+    graph: Graph, info: FeatureInfo, value: Any, now: datetime
+) -> list[dict[str, Any]]:
     """Rows keyed by the child's feature names, typed, without rows from after `now`.
 
     Accepts a kairos DataFrame, a list of dicts or of feature-class instances, or anything with

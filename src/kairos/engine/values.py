@@ -69,9 +69,8 @@ def coerce(vt: ValueType, value: Any) -> Any:
         if isinstance(value, list | tuple):
             item = vt.item or ValueType("any", True)
             return [coerce(item, v) for v in value]
-    elif kind == "dict":
-        if isinstance(value, dict):
-            return value
+    elif kind == "dict" and isinstance(value, dict):
+        return value
     raise InvalidValue(f"expected {vt}, got {type(value).__name__} {_short(value)}")
 
 

@@ -139,10 +139,10 @@ class _Resolver:
                 "inputs; remove one, or give them different inputs"
             )
         if chosen:
-            resolver, args = chosen[0]
+            resolver, resolver_args = chosen[0]
             for output in resolver.outputs:  # siblings come from the same call
                 self.column(column.path, FeatureRef(resolver.namespace, (), output))
-            return Producer("python", column, args, resolver=resolver)
+            return Producer("python", column, resolver_args, resolver=resolver)
         if info.default is not MISSING:
             return Producer("default", column)
         raise self.no_path(column, candidates, failures)

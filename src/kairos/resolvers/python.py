@@ -58,7 +58,7 @@ class Resolver:
         self.timeout = timeout
         self.name = name or fn.__name__
         self.is_async = inspect.iscoroutinefunction(fn)
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
         self._signature: Signature | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

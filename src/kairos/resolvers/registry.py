@@ -73,7 +73,9 @@ class ResolverSet:
             bound.append(_bind(graph, resolver))
         return cls(tuple(bound))
 
-    def producers(self, namespace: str, name: str, kind: str = "online") -> tuple[BoundResolver, ...]:
+    def producers(
+        self, namespace: str, name: str, kind: str = "online"
+    ) -> tuple[BoundResolver, ...]:
         return tuple(r for r in self._index.get((namespace, name), ()) if r.resolver.kind == kind)
 
 
@@ -87,7 +89,9 @@ def _bind(graph: Graph, resolver: Resolver) -> BoundResolver:
         for output in signature.outputs:
             if isinstance(output, FeatureRef):
                 graph.feature(output.root, output.name)
-                outputs.append(output.name if not output.window else f"{output.name}[{output.window}]")
+                outputs.append(
+                    output.name if not output.window else f"{output.name}[{output.window}]"
+                )
                 namespace = namespace or output.root
                 if output.root != namespace:
                     raise DefinitionError(f"{where}: outputs must all belong to one class")

@@ -71,6 +71,4 @@ def online_store_from_url(url: str) -> OnlineStore:
     scheme = url.partition("://")[0]
     if scheme == "memory":
         return MemoryOnlineStore()
-    raise KairosError(
-        f"online store URL {url!r} is not supported; use 'memory://'"
-    )
+    raise KairosError(f"online store URL {url!r} is not supported; use 'memory://'")
