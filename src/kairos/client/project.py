@@ -33,13 +33,13 @@ class Project:
 
     root: Path | None
     feature_classes: tuple[type, ...]
-    resolvers: tuple[Resolver, ...]
+    resolvers: tuple[Resolver[..., Any], ...]
 
     @classmethod
     def from_objects(cls, objects: Iterable[Any], root: Path | None = None) -> Project:
         """Pick feature classes and resolvers out of any objects (e.g. a module's values)."""
         classes: dict[int, type] = {}
-        resolvers: dict[int, Resolver] = {}
+        resolvers: dict[int, Resolver[..., Any]] = {}
         for obj in objects:
             if isinstance(obj, ModuleType):
                 cls._collect(vars(obj).values(), classes, resolvers)
@@ -49,7 +49,7 @@ class Project:
 
     @staticmethod
     def _collect(
-        objects: Iterable[Any], classes: dict[int, type], resolvers: dict[int, Resolver]
+        objects: Iterable[Any], classes: dict[int, type], resolvers: dict[int, Resolver[..., Any]]
     ) -> None:
         for obj in objects:
             if class_spec(obj) is not None:

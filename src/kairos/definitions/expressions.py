@@ -359,7 +359,8 @@ class Underscore:
         return "_"
 
 
-_ = Underscore()
+# Typed as Any so `txn_count: int = _.transactions.count()` reads well to type checkers.
+_: Any = Underscore()
 
 
 def if_then_else(condition: Any, then: Any, otherwise: Any) -> Any:

@@ -14,7 +14,7 @@ import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from typing import Annotated, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeAlias, TypeVar, TypeVarTuple
 
 from kairos.definitions import expressions as ex
 
@@ -86,11 +86,21 @@ class Windowed(Generic[T]):
         raise TypeError("use a window on a feature class attribute: User.txn_count['7d']")
 
 
-class Features:
-    """Return annotation of a resolver that produces several features: `Features[A, B]`."""
+class _Features:
+    """Return annotation of a resolver that produces several features: `Features[A, B]`.
+
+    The resolver returns a tuple in that order, a dict by name, or a feature-class instance.
+    """
 
     def __class_getitem__(cls, items: Any) -> FeaturesSpec:
         return FeaturesSpec(items if isinstance(items, tuple) else (items,))
+
+
+if TYPE_CHECKING:
+    Ts = TypeVarTuple("Ts")
+    Features: TypeAlias = tuple[*Ts]  # what type checkers see: resolvers return a tuple
+else:
+    Features = _Features
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ def _node_line(plan: Plan, node: PlanNode) -> str:
     cached = [
         f"{name} {format_duration(plan.columns[name].info.max_staleness)}"
         for name in (node.needed or node.outputs)
-        if name in plan.columns and plan.columns[name].info.max_staleness.total_seconds() > 0
+        if node.kind in ("python", "expression")
+        and plan.columns[name].info.max_staleness.total_seconds() > 0
     ]
     if cached:
         extras.append("cache " + ", ".join(cached))

@@ -9,7 +9,6 @@ two producers, or a loop is an error naming the features involved and the fix.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from kairos.definitions.binding import BoundExpression, bind_feature
 from kairos.definitions.feature import MISSING, FeatureRef
@@ -161,13 +160,15 @@ class _Resolver:
         return tuple(args)
 
     def no_path(
-        self, column: Column, candidates: tuple[BoundResolver, ...], failures: list[Any]
+        self, column: Column, candidates: tuple[BoundResolver, ...], failures: list[PlanError]
     ) -> PlanError:
         if column.info.is_primary and not column.path:
             return MissingInput(
                 f"the query needs {column.name!r} in its input (it is the primary key of "
                 f"{column.namespace!r}); pass input={{{column.name!r}: ...}}"
             )
+        if failures and all(isinstance(f, MissingInput) for f in failures):
+            return failures[0]  # the real fix is the key to pass, however deep the need
         if candidates and failures:
             reasons = "; ".join(str(f) for f in failures)
             return NoPath(

@@ -17,14 +17,15 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.feature import Feature, FeatureRef, HasManyRef
 from kairos.definitions.types import DataFrameSpec, FeaturesSpec, Now
 from kairos.errors import DefinitionError
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +48,11 @@ class Signature:
     shape: str  # "one" (a value), "many" (Features[...]) or "rows" (DataFrame[...])
 
 
-class Resolver:
+class Resolver(Generic[P, R]):
     """A user function plus what kairos needs to call it; calling it calls the function."""
 
     def __init__(
-        self, fn: Callable[..., Any], kind: str, timeout: timedelta | None, name: str | None
+        self, fn: Callable[P, R], kind: str, timeout: timedelta | None, name: str | None
     ) -> None:
         self.fn = fn
         self.kind = kind
@@ -61,7 +62,7 @@ class Resolver:
         functools.update_wrapper(self, fn)
         self._signature: Signature | None = None
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -88,7 +89,7 @@ class Resolver:
         return self._signature
 
 
-def _annotation(resolver: Resolver, value: Any, what: str) -> Any:
+def _annotation(resolver: Resolver[..., Any], value: Any, what: str) -> Any:
     if isinstance(value, str):
         scope = dict(getattr(resolver.fn, "__globals__", {}))
         try:
@@ -101,7 +102,7 @@ def _annotation(resolver: Resolver, value: Any, what: str) -> Any:
     return value
 
 
-def _read_signature(resolver: Resolver) -> Signature:
+def _read_signature(resolver: Resolver[..., Any]) -> Signature:
     where = f"resolver {resolver.name!r} ({resolver.where})"
     signature = inspect.signature(resolver.fn)
     parameters = []
@@ -148,31 +149,50 @@ def _output_ref(where: str, item: Any) -> FeatureRef:
     raise DefinitionError(f"{where}: Features[...] lists features of one class; got {item!r}")
 
 
-def _decorator(kind: str) -> Any:
-    @overload
-    def decorate(fn: F, /) -> F: ...
-
-    @overload
-    def decorate(
-        *, timeout: DurationLike | None = None, name: str | None = None
-    ) -> Callable[[F], F]: ...
-
-    def decorate(
-        fn: Any = None, /, *, timeout: DurationLike | None = None, name: str | None = None
-    ) -> Any:
-        limit = None if timeout is None else parse_duration(timeout, field="timeout")
-
-        def wrap(function: Callable[..., Any]) -> Any:
-            if not callable(function):
-                raise DefinitionError(f"@{kind} decorates a function; got {function!r}")
-            return Resolver(function, kind, limit, name)
-
-        return wrap(fn) if fn is not None else wrap
-
-    decorate.__name__ = kind
-    decorate.__doc__ = f"Mark a function as an {kind} resolver; its annotations say what it reads"
-    return decorate
+@overload
+def online(fn: Callable[P, R], /) -> Resolver[P, R]: ...
 
 
-online = _decorator("online")
-offline = _decorator("offline")
+@overload
+def online(
+    *, timeout: DurationLike | None = None, name: str | None = None
+) -> Callable[[Callable[P, R]], Resolver[P, R]]: ...
+
+
+def online(
+    fn: Any = None, /, *, timeout: DurationLike | None = None, name: str | None = None
+) -> Any:
+    """Mark a function as an online resolver; its annotations say what it reads and returns.
+
+    >>> @online(timeout="200ms")
+    ... def balance(uid: User.id) -> User.balance: ...  # doctest: +SKIP
+    """
+    return _decorate("online", fn, timeout, name)
+
+
+@overload
+def offline(fn: Callable[P, R], /) -> Resolver[P, R]: ...
+
+
+@overload
+def offline(
+    *, timeout: DurationLike | None = None, name: str | None = None
+) -> Callable[[Callable[P, R]], Resolver[P, R]]: ...
+
+
+def offline(
+    fn: Any = None, /, *, timeout: DurationLike | None = None, name: str | None = None
+) -> Any:
+    """Mark a function as an offline resolver (used by offline queries and backfills)."""
+    return _decorate("offline", fn, timeout, name)
+
+
+def _decorate(kind: str, fn: Any, timeout: DurationLike | None, name: str | None) -> Any:
+    limit = None if timeout is None else parse_duration(timeout, field="timeout")
+
+    def wrap(function: Callable[..., Any]) -> Resolver[..., Any]:
+        if not callable(function):
+            raise DefinitionError(f"@{kind} decorates a function; got {function!r}")
+        return Resolver(function, kind, limit, name)
+
+    return wrap(fn) if fn is not None else wrap

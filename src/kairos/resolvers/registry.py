@@ -30,7 +30,7 @@ class BoundInput:
 
 @dataclass(frozen=True, slots=True)
 class BoundResolver:
-    resolver: Resolver
+    resolver: Resolver[..., Any]
     namespace: str
     inputs: tuple[BoundInput, ...]
     outputs: tuple[str, ...]  # feature names in `namespace`
@@ -59,9 +59,9 @@ class ResolverSet:
         }
 
     @classmethod
-    def build(cls, graph: Graph, resolvers: Iterable[Resolver]) -> ResolverSet:
+    def build(cls, graph: Graph, resolvers: Iterable[Resolver[..., Any]]) -> ResolverSet:
         bound: list[BoundResolver] = []
-        names: dict[str, Resolver] = {}
+        names: dict[str, Resolver[..., Any]] = {}
         for resolver in resolvers:
             other = names.get(resolver.name)
             if other is not None and other is not resolver:
@@ -79,7 +79,7 @@ class ResolverSet:
         return tuple(r for r in self._index.get((namespace, name), ()) if r.resolver.kind == kind)
 
 
-def _bind(graph: Graph, resolver: Resolver) -> BoundResolver:
+def _bind(graph: Graph, resolver: Resolver[..., Any]) -> BoundResolver:
     where = f"resolver {resolver.name!r} ({resolver.where})"
     try:
         signature = resolver.signature

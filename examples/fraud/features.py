@@ -1,0 +1,44 @@
+"""Feature classes of the fraud example: users and their card transactions."""
+
+from datetime import datetime
+
+from kairos import DataFrame, FeatureTime, Now, Windowed, _, feature, features, windowed
+
+
+@features
+class Transaction:
+    id: str
+    user_id: "User.id"
+    amount: float
+    # approved | declined
+    status: str
+    merchant: str
+    ts: FeatureTime
+
+
+@features(max_staleness="1m")
+class User:
+    id: str
+    # the name on the account
+    name: str
+    email: str
+    signup_at: datetime
+    # every card transaction of the user (none from after the query's now)
+    transactions: DataFrame[Transaction]
+    # transactions in the trailing window
+    txn_count: Windowed[int] = windowed(
+        "1d", "7d", expression=_.transactions[_.ts > _.window_start].count()
+    )
+    # declined transactions in the trailing window
+    declines: Windowed[int] = windowed(
+        "7d",
+        expression=_.transactions[_.status == "declined", _.ts > _.window_start].count(),
+    )
+    # average ticket (amount per transaction) in the trailing window
+    avg_ticket: Windowed[float | None] = windowed(
+        "90d", expression=_.transactions[_.amount, _.ts > _.window_start].mean()
+    )
+    # days since the account was opened
+    account_age_days: float = (Now - _.signup_at).dt.days()
+    # probability-like risk score in [0, 1]
+    risk: float = feature(min=0.0, max=1.0)
