@@ -7,11 +7,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+
+import kairos as kr
 from examples.fraud import demo
 from examples.fraud.generate import ANCHOR, generate
 from examples.fraud.resolvers import DB_PATH
-
-import kairos as kr
 
 PROJECT = Path(demo.__file__).parent
 USERS = [f"u{i:04d}" for i in range(1, 201)]

@@ -1,0 +1,138 @@
+"""`kairos query` and `kairos explain` over a project folder, on embedded defaults.
+
+kairos query --project examples/fraud --in user.id=u0001 --out user.risk --out user.name
+kairos explain --project examples/fraud --in user.id --out user.risk
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from kairos.client import Client
+from kairos.engine.result import QueryResult
+from kairos.errors import KairosError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args))
+    except KairosError as error:
+        print(f"kairos: {error}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kairos", description="Real-time features and models.")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    query = commands.add_parser("query", help="compute features for one entity")
+    query.add_argument("--project", default=".", help="project folder (default: .)")
+    query.add_argument("--in", dest="inputs", action="append", default=[], metavar="FEATURE=VALUE")
+    query.add_argument("--out", dest="outputs", action="append", default=[], metavar="FEATURE")
+    query.add_argument("--now", help="ISO time to query as of (default: now)")
+    query.add_argument("--explain", action="store_true", help="print the plan first")
+    query.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    query.set_defaults(run=_query)
+
+    explain = commands.add_parser("explain", help="print the plan for inputs and outputs")
+    explain.add_argument("--project", default=".")
+    explain.add_argument("--in", dest="inputs", action="append", default=[], metavar="FEATURE")
+    explain.add_argument("--out", dest="outputs", action="append", default=[], metavar="FEATURE")
+    explain.set_defaults(run=_explain)
+    return parser
+
+
+def _inputs(pairs: list[str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep:
+            raise KairosError(f"--in {pair!r} needs a value: --in {pair}=VALUE")
+        try:
+            values[name] = json.loads(text)  # numbers, booleans, null, quoted strings
+        except json.JSONDecodeError:
+            values[name] = text
+    return values
+
+
+def _query(args: argparse.Namespace) -> int:
+    if not args.outputs:
+        raise KairosError("name at least one output: --out user.risk")
+    now = datetime.fromisoformat(args.now) if args.now else None
+    inputs = _inputs(args.inputs)
+    with Client(args.project) as client:
+        if args.explain:
+            print(client.explain(list(inputs), args.outputs), end="\n\n")
+        result = client.query(_typed(client, inputs, args.outputs), args.outputs, now=now)
+    print(_json(result) if args.json else _table(result))
+    return 1 if result.errors else 0
+
+
+def _typed(client: Client, inputs: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
+    """Command-line values are text read as JSON; a str feature keeps `123` as "123"."""
+    plan = client.plan(list(inputs), outputs)
+    typed = {}
+    for name, value in inputs.items():
+        column = plan.columns[client.name(name)]
+        kind = column.info.type.kind if column.info.type else "any"
+        typed[name] = str(value) if kind == "str" and not isinstance(value, str) else value
+    return typed
+
+
+def _explain(args: argparse.Namespace) -> int:
+    with Client(args.project) as client:
+        print(client.explain([i.partition("=")[0] for i in args.inputs], args.outputs))
+    return 0
+
+
+def _json(result: QueryResult) -> str:
+    body = {
+        "query_id": result.meta.query_id,
+        "now": result.meta.now.isoformat(),
+        "values": result.values,
+        "features": {
+            fv.feature: {
+                "value": fv.value,
+                "observed_at": fv.observed_at.isoformat() if fv.observed_at else None,
+                "source": fv.source,
+            }
+            for fv in result
+        },
+        "errors": [
+            {"feature": e.feature, "code": e.code, "message": e.message} for e in result.errors
+        ],
+        "trace": [
+            {"node": t.node, "kind": t.kind, "label": t.label, "duration_ms": t.duration_ms}
+            for t in result.trace
+        ],
+    }
+    return json.dumps(body, default=str, indent=2)
+
+
+def _table(result: QueryResult) -> str:
+    rows = [(fv.feature, _cell(fv.value), fv.source or "-", _cell(fv.observed_at)) for fv in result]
+    headers = ("feature", "value", "source", "observed_at")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines += [f"error {e.feature}: {e.code}: {e.message}" for e in result.errors]
+    lines.append(f"query {result.meta.query_id} in {result.meta.duration_ms:.2f} ms")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds")
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
