@@ -9,16 +9,18 @@ import threading
 import time
 import uuid
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kairos.client.project import Project
 from kairos.definitions.durations import DurationLike, parse_duration
-from kairos.definitions.feature import Feature, FeatureRef
+from kairos.definitions.feature import Feature
 from kairos.definitions.graph import Graph
 from kairos.engine.execution import Engine
 from kairos.engine.result import BulkResult, FeatureValue, NodeTiming, QueryMeta, QueryResult
+from kairos.engine.rows import normalize_rows
 from kairos.engine.values import check, to_utc
 from kairos.errors import InvalidInput, InvalidValue, KairosError
 from kairos.planner.plan import Plan
@@ -78,6 +80,7 @@ class Client:
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
+        self._helper: concurrent.futures.ThreadPoolExecutor | None = None
 
     # --- names --------------------------------------------------------------------------
 
@@ -85,7 +88,7 @@ class Client:
         """The canonical name of a feature ref or string: `User.txn_count["24h"]` ->
         "user.txn_count[1d]"."""
         if isinstance(feature, Feature):
-            return feature.fqn if not feature.implicit else self.graph.ref(feature).fqn
+            return feature.fqn
         if isinstance(feature, str):
             found = self._names.get(feature)
             if found is None:
@@ -93,8 +96,6 @@ class Client:
                 if len(self._names) < 65536:
                     self._names[feature] = found
             return found
-        if isinstance(feature, FeatureRef):
-            return feature.fqn
         return self.graph.ref(feature).fqn
 
     # --- planning -----------------------------------------------------------------------
@@ -141,7 +142,11 @@ class Client:
         bulk = await self._run(columns, 1, output, now, staleness, query_id)
         features = {
             name: FeatureValue(
-                name, col.values[0], col.observed_at[0], col.source[0], col.errors[0]
+                name,
+                col.values[0],
+                col.observed_at[0],
+                col.source[0],
+                None if col.errors[0] is None else replace(col.errors[0], row=None),
             )
             for name, col in bulk.columns.items()
         }
@@ -229,7 +234,10 @@ class Client:
             info = plan.columns[name].info
             for index, value in enumerate(values):
                 try:
-                    values[index] = check(info, value, allow_null=False)
+                    if info.kind == "has_many":
+                        values[index] = normalize_rows(self.graph, info, value, when)
+                    else:
+                        values[index] = check(info, value, allow_null=False)
                 except InvalidValue as error:
                     row = f" (row {index})" if rows > 1 else ""
                     raise InvalidInput(f"input {name!r}{row}: {error}") from None
@@ -252,9 +260,15 @@ class Client:
             asyncio.get_running_loop()
         except RuntimeError:
             return self._loop().run_until_complete(coroutine)
-        # Called from inside an event loop (a notebook, an async app): use a helper thread.
-        with concurrent.futures.ThreadPoolExecutor(1) as helper:
-            return helper.submit(lambda: self._loop().run_until_complete(coroutine)).result()
+        # Called from inside an event loop (a notebook, an async app): use a helper thread,
+        # the same one every time so its event loop is reused.
+        with self._loops_lock:
+            if self._helper is None:
+                self._helper = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="kairos-sync"
+                )
+            helper = self._helper
+        return helper.submit(lambda: self._loop().run_until_complete(coroutine)).result()
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         loop: asyncio.AbstractEventLoop | None = getattr(self._local, "loop", None)
@@ -266,13 +280,16 @@ class Client:
         return loop
 
     def close(self) -> None:
-        """Stop the resolver threads and close the event loops this client made."""
+        """Close the store, stop the resolver threads, close the event loops this client made."""
+        self._sync(self.store.close())
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._loops_lock:
             loops, self._loops = self._loops, []
+            helper, self._helper = self._helper, None
+        if helper is not None:
+            helper.shutdown(wait=True)
         for loop in loops:
             if not loop.is_running() and not loop.is_closed():
-                loop.run_until_complete(self.store.close())
                 loop.close()
 
     def __enter__(self) -> Client:

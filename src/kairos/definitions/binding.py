@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from kairos.definitions import expressions as ex
-from kairos.definitions.feature import Feature, FeatureRef, window_name
+from kairos.definitions.feature import FeatureRef, ref_of, window_name
 from kairos.errors import DefinitionError, KairosError
 
 WINDOW_BOUNDS = ("window_start", "window_end")
@@ -158,6 +158,11 @@ class _Binder:
 
     def select(self, node: ex.Select) -> Rows:
         base = node.base
+        if base.window:
+            raise self.fail(
+                f"{base!r} is one value per entity; filters and aggregations apply to has-many "
+                "features such as _.transactions"
+            )
         *hops, name = base.path
         ref = FeatureRef(self.namespace, tuple(hops), name)
         try:
@@ -178,8 +183,9 @@ class _Binder:
         projections: list[ex.Expr] = []
         names: list[str] = []
         for item in items:
-            if isinstance(item, Feature | FeatureRef):
-                item = ex.Col((item.name,))
+            ref = ref_of(item)
+            if ref is not None:
+                item = ex.Col((ref.name,))
             bound = self.row(child, item)
             if self.is_predicate(child, item, bound):
                 filters.append(bound)
@@ -198,7 +204,10 @@ class _Binder:
                 raise self.fail(
                     f"inside [...] use the row's own features (e.g. _.amount); got {node!r}"
                 )
-            info = self.graph.feature(child, node.path[0])
+            try:
+                info = self.graph.feature(child, node.path[0])
+            except KairosError as error:
+                raise self.fail(f"inside [...]: {error}") from None
             if info.kind != "scalar":
                 raise self.fail(f"inside [...] {info.fqn} is a relation, not a column")
             if info.expression is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 
@@ -25,6 +26,11 @@ def parse_duration(value: DurationLike, *, field: str = "duration") -> timedelta
     if isinstance(value, bool):
         raise DefinitionError(f"{field}={value!r} is not a duration; write e.g. '5m' or '1d'")
     if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise DefinitionError(
+                f"{field}={value!r} is not a finite number of seconds; write 'infinity' for "
+                "no limit"
+            )
         if value < 0:
             raise DefinitionError(f"{field}={value!r} is negative; durations are >= 0")
         return timedelta(seconds=value)

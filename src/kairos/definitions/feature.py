@@ -21,7 +21,7 @@ from kairos.errors import DefinitionError
 C = TypeVar("C", bound=type)
 MISSING: Any = type("Missing", (), {"__repr__": lambda self: "MISSING"})()
 
-_FK_TEXT = re.compile(r"^\s*([A-Za-z_]\w*)\.([A-Za-z_]\w*)\s*$")
+_FK_TEXT = re.compile(r"^\s*([A-Za-z_]\w*)\.([A-Za-z_]\w*)\s*(?:\|\s*None\s*)?$")
 
 
 def snake_case(name: str) -> str:
@@ -115,7 +115,10 @@ def window_name(window: str | timedelta) -> str:
 
 @dataclass(frozen=True, slots=True)
 class FeatureRef:
-    """A feature reached from a root entity through has-one hops: `transaction.user.name`."""
+    """A feature reached from a root entity through has-one hops: `transaction.user.name`.
+
+    An internal value; users hold `Feature` and `PathRef` objects, which turn into this.
+    """
 
     root: str
     path: tuple[str, ...]
@@ -135,15 +138,57 @@ class FeatureRef:
             raise DefinitionError(f"{self.fqn!r} is a windowed value, not a relation")
         return FeatureRef(self.root, (*self.path, self.name), name)
 
-    def __getattr__(self, name: str) -> FeatureRef:
+
+class _Navigable:
+    """Attribute access walks relations, `[...]` picks a window or filters a has-many.
+
+    Every public attribute name is free for feature names: `Transaction.user.name` is the
+    user's `name` feature. Only `fqn` is taken.
+    """
+
+    __slots__ = ()
+
+    def _kairos_ref(self) -> FeatureRef:
+        raise NotImplementedError  # both subclasses override it
+
+    @property
+    def fqn(self) -> str:
+        return self._kairos_ref().fqn
+
+    def __getattr__(self, name: str) -> PathRef:
         if name.startswith("_"):
             raise AttributeError(name)
-        return self.hop(name)
+        return PathRef(self._kairos_ref().hop(name))
 
     def __getitem__(self, item: Any) -> Any:
+        ref = self._kairos_ref()
         if isinstance(item, str):
-            return FeatureRef(self.root, self.path, self.name, window_name(item))
-        return HasManyRef(self, _items(item))
+            return PathRef(FeatureRef(ref.root, ref.path, ref.name, window_name(item)))
+        return HasManyRef(ref, _items(item))
+
+    def __str__(self) -> str:
+        return self.fqn
+
+
+class PathRef(_Navigable):
+    """A feature reached through relations or with a window: `Transaction.user.name`."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: FeatureRef) -> None:
+        self._ref = ref
+
+    def _kairos_ref(self) -> FeatureRef:
+        return self._ref
+
+    def __repr__(self) -> str:
+        return f"<feature {self._ref.fqn}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PathRef) and other._ref == self._ref
+
+    def __hash__(self) -> int:
+        return hash(self._ref)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,52 +208,71 @@ class HasManyRef:
 
 def _items(item: Any) -> tuple[Any, ...]:
     items = item if isinstance(item, tuple) else (item,)
-    return tuple(i if isinstance(i, Feature | FeatureRef) else ex.lift(i) for i in items)
+    return tuple(i if isinstance(i, _Navigable) else ex.lift(i) for i in items)
 
 
-class Feature:
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """What `@features` recorded about one annotated field."""
+
+    owner_class: type
+    namespace: str
+    name: str
+    annotation: Any
+    options: FeatureOptions
+    implicit: bool = False  # a has-one relation derived from a foreign key
+
+
+class Feature(_Navigable):
     """A feature as a class attribute: `User.balance`.
 
     It names the feature in queries and resolver signatures; `Transaction.user.name` walks a
     has-one relation and `User.txn_count["7d"]` picks a window.
     """
 
-    __slots__ = ("annotation", "implicit", "name", "namespace", "options", "owner_class")
+    __slots__ = ("_field",)
 
-    def __init__(
-        self,
-        owner_class: type,
-        namespace: str,
-        name: str,
-        annotation: Any,
-        options: FeatureOptions,
-        implicit: bool = False,
-    ) -> None:
-        self.owner_class = owner_class
-        self.namespace = namespace
-        self.name = name
-        self.annotation = annotation
-        self.options = options
-        self.implicit = implicit  # a has-one relation derived from a foreign key
+    def __init__(self, spec: FieldSpec) -> None:
+        self._field = spec
 
-    @property
-    def ref(self) -> FeatureRef:
-        return FeatureRef(self.namespace, (), self.name)
+    def _kairos_ref(self) -> FeatureRef:
+        return FeatureRef(self._field.namespace, (), self._field.name)
 
-    @property
-    def fqn(self) -> str:
-        return f"{self.namespace}.{self.name}"
+    def __or__(self, other: Any) -> Any:
+        # `user_id: "User.id | None"` declares a nullable foreign key
+        if other is None:
+            return ForeignKey(self, nullable=True)
+        return NotImplemented
 
-    def __getattr__(self, name: str) -> FeatureRef:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return self.ref.hop(name)
-
-    def __getitem__(self, item: Any) -> Any:
-        return self.ref[item]
+    def __ror__(self, other: Any) -> Any:
+        return self.__or__(other)
 
     def __repr__(self) -> str:
         return f"<feature {self.fqn}>"
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignKey:
+    """A foreign key annotation that allows null: `"User.id | None"`."""
+
+    target: Feature
+    nullable: bool
+
+
+def field_of(feature: Feature) -> FieldSpec:
+    """What `@features` recorded about a class attribute."""
+    return feature._field
+
+
+def ref_of(obj: Any) -> FeatureRef | None:
+    """The FeatureRef behind a Feature, PathRef, HasManyRef or FeatureRef; None otherwise."""
+    if isinstance(obj, _Navigable):
+        return obj._kairos_ref()
+    if isinstance(obj, FeatureRef):
+        return obj
+    if isinstance(obj, HasManyRef):
+        return obj.ref
+    return None
 
 
 @dataclass(frozen=True)
@@ -224,9 +288,11 @@ class FeatureClassSpec:
 
 
 def foreign_key_target(annotation: Any) -> tuple[str, str] | None:
-    """("User", "id") for `"User.id"` or `User.id`; None for anything else."""
+    """("User", "id") for `"User.id"`, `User.id` or `"User.id | None"`; None otherwise."""
+    if isinstance(annotation, ForeignKey):
+        annotation = annotation.target
     if isinstance(annotation, Feature):
-        return annotation.owner_class.__name__, annotation.name
+        return annotation._field.owner_class.__name__, annotation._field.name
     if isinstance(annotation, str):
         match = _FK_TEXT.match(annotation)
         if match and match.group(1)[0].isupper():
@@ -303,13 +369,13 @@ def _decorate(
             options = FeatureOptions()
         else:
             options = FeatureOptions(default=value)
-        spec.features[name] = Feature(cls, namespace, name, annotation, options)
+        spec.features[name] = Feature(FieldSpec(cls, namespace, name, annotation, options))
     for name, annotation in annotations.items():
         target = foreign_key_target(annotation)
         relation = name[: -len("_id")] if name.endswith("_id") else None
         if target and relation and relation not in spec.features:
             spec.features[relation] = Feature(
-                cls, namespace, relation, target[0], FeatureOptions(), implicit=True
+                FieldSpec(cls, namespace, relation, target[0], FeatureOptions(), implicit=True)
             )
     for name, feat in spec.features.items():
         setattr(cls, name, feat)

@@ -7,8 +7,10 @@ forward references such as `"User.id"` work), and checks everything once, when a
 from __future__ import annotations
 
 import inspect
+import io
 import re
 import sys
+import tokenize
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,8 +23,10 @@ from kairos.definitions.feature import (
     Feature,
     FeatureClassSpec,
     FeatureRef,
-    HasManyRef,
+    ForeignKey,
     class_spec,
+    field_of,
+    ref_of,
     window_name,
 )
 from kairos.definitions.types import (
@@ -137,12 +141,9 @@ class Graph:
 
     def ref(self, obj: Any) -> FeatureRef:
         """A FeatureRef from a Feature, a FeatureRef or a name such as "user.txn_count[7d]"."""
-        if isinstance(obj, Feature):
-            return obj.ref
-        if isinstance(obj, FeatureRef):
-            return obj
-        if isinstance(obj, HasManyRef):
-            return obj.ref
+        ref = ref_of(obj)
+        if ref is not None:
+            return ref
         if isinstance(obj, str):
             return self.parse(obj)
         raise UnknownFeature(
@@ -218,7 +219,7 @@ class _Builder:
         return graph
 
     def _evaluate(self, spec: FeatureClassSpec, feat: Feature) -> Any:
-        annotation = feat.annotation
+        annotation = field_of(feat).annotation
         if not isinstance(annotation, str):
             return annotation
         module = sys.modules.get(spec.cls.__module__)
@@ -228,7 +229,7 @@ class _Builder:
             return eval(annotation, scope)  # annotations are the user's own code
         except Exception as error:
             raise DefinitionError(
-                f"{spec.cls.__name__}.{feat.name}: cannot read annotation {annotation!r} "
+                f"{spec.cls.__name__}.{field_of(feat).name}: cannot read annotation {annotation!r} "
                 f"({error}); is the class it names part of the project?"
             ) from None
 
@@ -240,7 +241,7 @@ class _Builder:
         windowed: set[str] = set()
         for name, feat in spec.features.items():
             annotation = self._evaluate(spec, feat)
-            options = feat.options
+            options = field_of(feat).options
             staleness = options.max_staleness
             if staleness is None:
                 staleness = spec.max_staleness if spec.max_staleness is not None else ZERO
@@ -257,25 +258,30 @@ class _Builder:
             }
             metadata = typing.get_args(annotation)[1:] if _is_annotated(annotation) else ()
             target_spec = class_spec(annotation)
-            if isinstance(annotation, Feature):
-                target = self.specs.get(annotation.namespace)
+            if isinstance(annotation, Feature | ForeignKey):
+                key = annotation.target if isinstance(annotation, ForeignKey) else annotation
+                target_field = field_of(key)
+                target = self.specs.get(target_field.namespace)
                 if target is None:
                     raise DefinitionError(
-                        f"{where}.{name} is a foreign key to {annotation.fqn}, whose class is "
+                        f"{where}.{name} is a foreign key to {key.fqn}, whose class is "
                         "not part of the project"
                     )
-                target_type = self._evaluate(target, target.features[annotation.name])
+                target_type = self._evaluate(target, target.features[target_field.name])
                 vt = value_type(target_type)
                 if vt is None:
-                    raise DefinitionError(f"{where}.{name}: {annotation.fqn} has no plain type")
+                    raise DefinitionError(f"{where}.{name}: {key.fqn} has no plain type")
+                if isinstance(annotation, ForeignKey) and annotation.nullable:
+                    vt = ValueType(vt.kind, True, vt.item)
                 features[name] = FeatureInfo(
                     name=name,
                     kind="scalar",
                     type=vt,
-                    fk_target=(annotation.namespace, annotation.name),
+                    fk_target=(target_field.namespace, target_field.name),
                     **common,
                 )
             elif target_spec is not None:
+                self._require(where, name, target_spec)
                 fk = self._foreign_key(spec, target_spec, name)
                 features[name] = FeatureInfo(
                     name=name,
@@ -286,12 +292,13 @@ class _Builder:
                     **common,
                 )
             elif isinstance(annotation, DataFrameSpec):
-                child = _dataframe_target(annotation)
+                child = self._dataframe_target(annotation)
                 if child is None:
                     raise DefinitionError(
                         f"{where}.{name}: DataFrame[...] needs a feature class, e.g. "
                         "DataFrame[Transaction]"
                     )
+                self._require(where, name, child)
                 features[name] = FeatureInfo(
                     name=name, kind="has_many", type=None, target=child.namespace, **common
                 )
@@ -302,6 +309,11 @@ class _Builder:
                         "expression=...)"
                     )
                 vt = value_type(typing.get_args(annotation)[0])
+                if vt is None:
+                    raise DefinitionError(
+                        f"{where}.{name}: unsupported annotation {annotation!r}; a window holds "
+                        "int, float, str, bool, datetime, date, list[T], dict or T | None"
+                    )
                 windowed.add(name)
                 for window in options.windows:
                     wname = f"{name}[{window_name(window)}]"
@@ -354,12 +366,28 @@ class _Builder:
             spec.namespace, spec.cls, features, primary, feature_time, frozenset(windowed)
         )
 
+    def _require(self, where: str, name: str, target: FeatureClassSpec) -> None:
+        if self.specs.get(target.namespace) is not target:
+            raise DefinitionError(
+                f"{where}.{name} refers to {target.cls.__name__}, which is not part of the "
+                "project; add its module to the project folder (or to definitions=[...])"
+            )
+
+    def _dataframe_target(self, spec: DataFrameSpec) -> FeatureClassSpec | None:
+        first = spec.items[0] if spec.items else None
+        if isinstance(first, Feature):
+            first = field_of(first).owner_class
+        if isinstance(first, str):  # DataFrame["Comment"]: a forward reference
+            found = self.by_name.get(first.strip())
+            return found
+        return class_spec(first)
+
     def _foreign_key(self, spec: FeatureClassSpec, target: FeatureClassSpec, relation: str) -> str:
         keys = [
             name
             for name, feat in spec.features.items()
-            if isinstance(ann := self._evaluate(spec, feat), Feature)
-            and ann.namespace == target.namespace
+            if (key := _key_target(self._evaluate(spec, feat))) is not None
+            and field_of(key).namespace == target.namespace
         ]
         preferred = f"{relation}_id"
         if preferred in keys:
@@ -415,11 +443,11 @@ def _is_annotated(annotation: Any) -> bool:
     return typing.get_origin(annotation) is typing.Annotated
 
 
-def _dataframe_target(spec: DataFrameSpec) -> FeatureClassSpec | None:
-    first = spec.items[0] if spec.items else None
-    if isinstance(first, Feature):
-        first = first.owner_class
-    return class_spec(first)
+def _key_target(annotation: Any) -> Feature | None:
+    """The feature a foreign-key annotation points at, or None."""
+    if isinstance(annotation, ForeignKey):
+        return annotation.target
+    return annotation if isinstance(annotation, Feature) else None
 
 
 def _where(klass: type) -> str:
@@ -441,10 +469,20 @@ def _field_comments(klass: type) -> dict[str, str]:
             continue
         match = _FIELD_LINE.match(text)
         if match:
-            above = " ".join(pending)
-            comments[match.group(1)] = above or (match.group(2) or "").strip()
+            comments[match.group(1)] = " ".join(pending) or _trailing_comment(text)
         pending = []
     return {name: text for name, text in comments.items() if text}
 
 
-_FIELD_LINE = re.compile(r"^([A-Za-z_]\w*)\s*:[^#]*(?:#(.*))?$")
+def _trailing_comment(line: str) -> str:
+    """The comment at the end of one line of code (a `#` inside a string is not one)."""
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(line).readline):
+            if token.type == tokenize.COMMENT:
+                return token.string.lstrip("#").strip()
+    except (tokenize.TokenError, SyntaxError):
+        return ""
+    return ""
+
+
+_FIELD_LINE = re.compile(r"^([A-Za-z_]\w*)\s*:")

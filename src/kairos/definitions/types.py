@@ -141,7 +141,10 @@ class DataFrame(Generic[T]):
         return iter(self.rows)
 
     def __getitem__(self, column: Any) -> list[Any]:
-        name = column if isinstance(column, str) else getattr(column, "name", column)
+        from kairos.definitions.feature import ref_of
+
+        ref = ref_of(column)
+        name = ref.name if ref is not None else column
         return [row.get(name) for row in self.rows]
 
     def __eq__(self, other: object) -> bool:

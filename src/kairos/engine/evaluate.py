@@ -88,6 +88,8 @@ def compile_expression(tree: ex.Expr) -> Compiled:
 def _utc(value: Any) -> Any:
     if isinstance(value, datetime) and value.tzinfo is None:
         return value.replace(tzinfo=UTC)
+    if isinstance(value, tuple):
+        return tuple(_utc(v) for v in value)
     return value
 
 
@@ -212,12 +214,14 @@ def _rows(tree: Rows) -> Compiled:
 def _aggregate(tree: ex.Agg) -> Compiled:
     rows = compile_expression(tree.base)
     kind = tree.fn
+    # Like SQL: count() counts rows, count() of a projected column counts its non-null values.
+    counts_rows = isinstance(tree.base, Rows) and not tree.base.projections
 
     def aggregate(slots: Sequence[Any], now: datetime, row: dict[str, Any] | None) -> Any:
         selected = rows(slots, now, row)
         if selected is None:
             return None
-        if kind == "count":
+        if counts_rows:
             return len(selected)
         values = [v for v in selected if v is not None]
         return aggregate_values(kind, values)

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kairos.definitions.binding import BoundExpression
+from kairos.definitions.feature import ref_of
 from kairos.definitions.graph import Graph
 from kairos.definitions.types import DataFrame
 from kairos.engine.evaluate import Compiled, compile_expression
@@ -267,6 +268,8 @@ class _Run:
             self.computed += len(rows)
             self.timed(node, node.kind, node.label, start, len(rows), status)
         for name, data in outputs.items():
+            if name in self.plan.inputs:
+                continue  # the caller's value wins over a sibling output of the same resolver
             self.cols[name] = self.from_cache(name, data) if name in self.cached else data
 
     async def probe_node(self, node: PlanNode) -> None:
@@ -294,10 +297,6 @@ class _Run:
         wanted = [c for c in node.outputs if c in self.demanded] or list(node.outputs)
         rows: list[int] = []
         for row in range(self.n):
-            if key_values is not None and key_values[row] is None:
-                continue  # the entity does not exist (a null foreign key): values stay null
-            if all(self.cached.get(c) and self.cached[c][row] is not None for c in wanted):
-                continue
             failed = self.failed_input(node, row)
             if failed is not None:
                 for name in node.outputs:
@@ -305,16 +304,22 @@ class _Run:
                         name,
                         "upstream_error",
                         f"depends on {failed.feature}, which failed: {failed.message}",
-                        row if self.n > 1 else None,
+                        row,
                         node.label if node.kind == "python" else None,
                     )
+                continue
+            if key_values is not None and key_values[row] is None:
+                continue  # the entity does not exist (a null foreign key): values stay null
+            if all(self.cached.get(c) and self.cached[c][row] is not None for c in wanted):
                 continue
             rows.append(row)
         return rows
 
     def failed_input(self, node: PlanNode, row: int) -> FeatureError | None:
-        for arg in node.inputs:
-            error = self.cols[arg].errors[row]
+        reads = [*node.inputs, node.key] if node.key is not None else list(node.inputs)
+        for arg in reads:
+            column = self.cols.get(arg)
+            error = column.errors[row] if column is not None else None
             if error is not None:
                 return error
         return None
@@ -353,9 +358,7 @@ class _Run:
         message: str,
         resolver: str | None,
     ) -> None:
-        outputs[column].errors[row] = FeatureError(
-            column, code, message, row if self.n > 1 else None, resolver
-        )
+        outputs[column].errors[row] = FeatureError(column, code, message, row, resolver)
 
     def run_expression(
         self, node: PlanNode, rows: list[int], outputs: dict[str, ColumnData]
@@ -487,7 +490,7 @@ class _Run:
         if isinstance(value, tuple | list) and len(value) == len(names):
             by_name = dict(zip(names, value, strict=True))
         elif isinstance(value, dict):
-            by_name = {str(k).rpartition(".")[2]: v for k, v in value.items()}
+            by_name = {_output_name(k): v for k, v in value.items()}
         elif hasattr(value, "__kairos__"):
             by_name = {k: v for k, v in vars(value).items() if k in names}
         else:
@@ -523,6 +526,12 @@ class _Run:
         start = self.elapsed_ms()
         await self.engine.store.put(self.fresh)
         self.timed(None, "cache", "online store write", start, len(self.fresh), "ok")
+
+
+def _output_name(key: Any) -> str:
+    """`"balance"`, `"wallet.balance"` or `Wallet.balance` -> "balance"."""
+    ref = ref_of(key)
+    return ref.name if ref is not None else str(key).rpartition(".")[2]
 
 
 def _hashable(key: Any) -> Hashable:

@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from kairos.definitions.durations import DurationLike, parse_duration
-from kairos.definitions.feature import Feature, FeatureRef, HasManyRef
+from kairos.definitions.feature import FeatureRef, HasManyRef, ref_of
 from kairos.definitions.types import DataFrameSpec, FeaturesSpec, Now
 from kairos.errors import DefinitionError
 
@@ -110,22 +110,22 @@ def _read_signature(resolver: Resolver[..., Any]) -> Signature:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise DefinitionError(f"{where}: *args/**kwargs cannot be resolver inputs")
         annotation = _annotation(resolver, param.annotation, f"parameter {param.name!r}")
+        ref = ref_of(annotation)
         if annotation is Now:
             parameters.append(Parameter(param.name, None))
-        elif isinstance(annotation, Feature):
-            parameters.append(Parameter(param.name, annotation.ref))
-        elif isinstance(annotation, FeatureRef):
-            parameters.append(Parameter(param.name, annotation))
         elif isinstance(annotation, HasManyRef):
             parameters.append(Parameter(param.name, annotation.ref, annotation.items))
+        elif ref is not None:
+            parameters.append(Parameter(param.name, ref))
         else:
             raise DefinitionError(
                 f"{where}: parameter {param.name!r} must be annotated with a feature "
                 f"(e.g. `uid: User.id`) or `Now`; got {annotation!r}"
             )
     returned = _annotation(resolver, signature.return_annotation, "the return value")
-    if isinstance(returned, Feature | FeatureRef):
-        outputs: tuple[Any, ...] = (returned.ref if isinstance(returned, Feature) else returned,)
+    returned_ref = ref_of(returned)
+    if returned_ref is not None and not isinstance(returned, HasManyRef):
+        outputs: tuple[Any, ...] = (returned_ref,)
         shape = "one"
     elif isinstance(returned, FeaturesSpec):
         outputs = tuple(_output_ref(where, item) for item in returned.items)
@@ -142,10 +142,9 @@ def _read_signature(resolver: Resolver[..., Any]) -> Signature:
 
 
 def _output_ref(where: str, item: Any) -> FeatureRef:
-    if isinstance(item, Feature):
-        return item.ref
-    if isinstance(item, FeatureRef) and not item.path:
-        return item
+    ref = ref_of(item)
+    if ref is not None and not ref.path and not isinstance(item, HasManyRef):
+        return ref
     raise DefinitionError(f"{where}: Features[...] lists features of one class; got {item!r}")
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from kairos.definitions import expressions as ex
 from kairos.definitions.binding import bind_rows_items
-from kairos.definitions.feature import FeatureRef, class_spec
+from kairos.definitions.feature import Feature, FeatureRef, class_spec, field_of
 from kairos.definitions.graph import FeatureInfo, Graph
 from kairos.definitions.types import DataFrameSpec
 from kairos.errors import DefinitionError, KairosError
@@ -156,7 +156,7 @@ def _rows_namespace(graph: Graph, where: str, roots: set[str]) -> str:
 
 def _has_many_for(graph: Graph, where: str, namespace: str, spec: DataFrameSpec) -> str:
     first = spec.items[0] if spec.items else None
-    target = class_spec(getattr(first, "owner_class", first))
+    target = class_spec(field_of(first).owner_class if isinstance(first, Feature) else first)
     if target is None:
         raise DefinitionError(f"{where}: DataFrame[...] needs a feature class")
     matches = [

@@ -6,6 +6,7 @@ now - observed_at <= max_staleness), a store only keeps the newest value it was 
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ class StoredValue:
     value: Any
     observed_at: datetime
 
+
+_MUTABLE = (list, dict, set)
 
 # (namespace, primary key, feature name)
 StoreKey = tuple[str, Hashable, str]
@@ -48,7 +51,10 @@ class MemoryOnlineStore:
         found: list[StoredValue | None] = []
         for namespace, key, name in keys:
             entity = entities.get((namespace, key))
-            found.append(entity.get(name) if entity is not None else None)
+            stored = entity.get(name) if entity is not None else None
+            if stored is not None and type(stored.value) in _MUTABLE:
+                stored = StoredValue(copy.deepcopy(stored.value), stored.observed_at)
+            found.append(stored)
         return found
 
     async def put(self, items: Sequence[tuple[StoreKey, StoredValue]]) -> None:
@@ -57,6 +63,8 @@ class MemoryOnlineStore:
                 entity = self._entities.setdefault((namespace, key), {})
                 current = entity.get(name)
                 if current is None or current.observed_at <= stored.observed_at:
+                    if type(stored.value) in _MUTABLE:  # callers must not share what we keep
+                        stored = StoredValue(copy.deepcopy(stored.value), stored.observed_at)
                     entity[name] = stored
 
     async def close(self) -> None:
