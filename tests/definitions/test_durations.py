@@ -70,16 +70,10 @@ def test_parse_duration_error_names_the_field_value_and_the_fix() -> None:
     assert "'1h30m'" in message and "'infinity'" in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=(ValueError, OverflowError),
-    reason="BUG: durations.py:28 only rejects negative numbers; NaN/inf floats reach "
-    "timedelta(seconds=...) and escape as ValueError/OverflowError, not DefinitionError",
-)
-@pytest.mark.parametrize("number", [float("nan"), float("inf")])
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
 def test_parse_duration_rejects_non_finite_numbers(number: float) -> None:
-    with pytest.raises(DefinitionError):
-        parse_duration(number)
+    with pytest.raises(DefinitionError, match=r"is not a finite number of seconds"):
+        parse_duration(number, field="window")
 
 
 @pytest.mark.parametrize(

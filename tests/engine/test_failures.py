@@ -2,8 +2,6 @@
 
 from datetime import UTC, datetime
 
-import pytest
-
 from kairos import Features, _, features, online
 from tests.engine.conftest import MakeClient
 
@@ -118,7 +116,11 @@ def test_raising_multi_output_resolver_fails_each_of_its_features(
         now=NOW,
     )
 
-    assert result.values == {"merchant.name": None, "merchant.country": None, "merchant.rating": 4.5}
+    assert result.values == {
+        "merchant.name": None,
+        "merchant.country": None,
+        "merchant.rating": 4.5,
+    }
     assert sorted((e.feature, e.code, e.resolver) for e in result.errors) == [
         ("merchant.country", "resolver_error", "profile"),
         ("merchant.name", "resolver_error", "profile"),
@@ -154,11 +156,6 @@ def test_bulk_failure_for_one_entity_nulls_only_that_row(make_client: MakeClient
     assert result.row(2)["merchant.rating"].value == 4.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: in a bulk query of one entity a FeatureError has row=None, not 0 "
-    "(execution.py uses `row if self.n > 1 else None`)",
-)
 def test_bulk_of_one_entity_reports_the_row_of_its_error(make_client: MakeClient) -> None:
     @online
     def rating(mid: Merchant.id) -> Merchant.rating:
@@ -170,14 +167,16 @@ def test_bulk_of_one_entity_reports_the_row_of_its_error(make_client: MakeClient
     (error,) = result.errors
     assert error.code == "resolver_error"
     assert error.row == 0
+    assert result.row(0)["merchant.rating"].error == error
+
+    # a single query has no rows: its errors say row=None
+    single = client.query(input={Merchant.id: "m1"}, output=[Merchant.rating], now=NOW)
+    (single_error,) = single.errors
+    assert single_error.code == "resolver_error"
+    assert single_error.row is None
+    assert single.features["merchant.rating"].error == single_error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: when the foreign-key resolver fails, features reached through the relation "
-    "are silently None, as if the foreign key were null, instead of upstream_error "
-    "(execution.py rows_to_compute checks for a null key before failed_input)",
-)
 def test_failed_foreign_key_gives_upstream_error_on_path_features(
     make_client: MakeClient,
 ) -> None:
@@ -195,6 +194,9 @@ def test_failed_foreign_key_gives_upstream_error_on_path_features(
     )
 
     assert result.values == {"payment.merchant.name": None, "payment.merchant_id": None}
-    errors = {e.feature: e.code for e in result.errors}
-    assert errors["payment.merchant_id"] == "resolver_error"
-    assert errors.get("payment.merchant.name") == "upstream_error"
+    errors = {e.feature: e for e in result.errors}
+    assert errors["payment.merchant_id"].code == "resolver_error"
+    assert errors["payment.merchant.name"].code == "upstream_error"
+    assert "payment.merchant_id" in errors["payment.merchant.name"].message
+    assert "ledger unavailable" in errors["payment.merchant.name"].message
+    assert errors["payment.merchant.name"].row is None

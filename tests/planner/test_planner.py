@@ -33,10 +33,10 @@ def test_passes_run_in_order_and_each_is_pure() -> None:
     kinds = {name: p.kind for name, p in resolution.producers.items()}
     assert kinds == {
         "owner.id": "input",
-        "owner.score": "python",
-        "owner.name": "python",
+        "owner.score": "resolver",
+        "owner.name": "resolver",
         "owner.account_count": "expression",
-        "owner.accounts": "python",
+        "owner.accounts": "resolver",
     }
     plan = order(resolution, planner.default_timeout)
     labels = [n.label for n in plan.nodes]

@@ -305,7 +305,7 @@ class _Run:
                         "upstream_error",
                         f"depends on {failed.feature}, which failed: {failed.message}",
                         row,
-                        node.label if node.kind == "python" else None,
+                        node.label if node.resolver is not None else None,
                     )
                 continue
             if key_values is not None and key_values[row] is None:
@@ -392,29 +392,10 @@ class _Run:
     ) -> str:
         bound = node.resolver
         if bound is None:  # pragma: no cover - planner invariant
-            raise RuntimeError(f"python node {node.label} has no resolver")
+            raise RuntimeError(f"resolver node {node.label} has no resolver")
         calls = [self.arguments(node, row) for row in rows]
         results: list[tuple[bool, Any] | None] = [None] * len(rows)
-        fn = bound.resolver.fn
-        if bound.resolver.is_async:
-
-            async def one(index: int) -> None:
-                try:
-                    results[index] = (True, await fn(*calls[index]))
-                except Exception as error:  # the user's resolver
-                    results[index] = (False, error)
-
-            work: Any = asyncio.gather(*(one(i) for i in range(len(rows))))
-        else:
-
-            def run_all() -> None:
-                for index, args in enumerate(calls):
-                    try:
-                        results[index] = (True, fn(*args))
-                    except Exception as error:  # the user's resolver
-                        results[index] = (False, error)
-
-            work = asyncio.get_running_loop().run_in_executor(self.engine.pool, run_all)
+        work = bound.runner.run(calls, results, self.engine.pool)
         status = "ok"
         try:
             await asyncio.wait_for(work, node.timeout.total_seconds())

@@ -32,12 +32,12 @@ def _node_line(plan: Plan, node: PlanNode) -> str:
     cached = [
         f"{name} {format_duration(plan.columns[name].info.max_staleness)}"
         for name in (node.needed or node.outputs)
-        if node.kind in ("python", "expression")
+        if node.kind not in ("relation", "default")
         and plan.columns[name].info.max_staleness.total_seconds() > 0
     ]
     if cached:
         extras.append("cache " + ", ".join(cached))
-    if node.kind == "python":
+    if node.resolver is not None:
         extras.append(f"timeout {format_duration(node.timeout)}")
     if node.expression is not None:
         extras.append(f"= {node.expression.source}")

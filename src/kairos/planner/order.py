@@ -18,8 +18,8 @@ def order(resolution: Resolution, default_timeout: timedelta) -> Plan:
         if producer.kind == "input":
             continue
         identity: tuple[object, ...] = (producer.column.name,)
-        if producer.kind == "python" and producer.resolver is not None:
-            identity = ("python", producer.resolver.name, producer.column.path)
+        if producer.kind == "resolver" and producer.resolver is not None:
+            identity = ("resolver", producer.resolver.name, producer.column.path)
         groups.setdefault(identity, []).append(producer)
 
     group_of = {p.column.name: key for key, members in groups.items() for p in members}
@@ -61,7 +61,9 @@ def order(resolution: Resolution, default_timeout: timedelta) -> Plan:
     for index, key in enumerate(sorted_keys):
         members = groups[key]
         first = members[0]
-        if first.kind == "python" and first.resolver is not None:
+        kind = first.kind
+        if first.kind == "resolver" and first.resolver is not None:
+            kind = first.resolver.kind
             resolver = first.resolver
             prefix = first.column.name[: -len(first.column.info.name)]
             node_outputs = tuple(prefix + name for name in resolver.outputs)
@@ -82,7 +84,7 @@ def order(resolution: Resolution, default_timeout: timedelta) -> Plan:
         nodes.append(
             PlanNode(
                 id=index,
-                kind=first.kind,
+                kind=kind,
                 label=label,
                 path=first.column.path,
                 namespace=first.column.namespace,

@@ -43,7 +43,7 @@ class PlanNode:
     dependencies); None stands for `Now`."""
 
     id: int
-    kind: str  # relation | expression | python | default
+    kind: str  # relation | expression | default | python | sql
     label: str
     path: tuple[str, ...]
     namespace: str

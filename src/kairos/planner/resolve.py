@@ -23,7 +23,7 @@ from kairos.resolvers.registry import BoundResolver, ResolverSet
 class Producer:
     """How one column is made (before nodes are numbered and ordered)."""
 
-    kind: str  # input | relation | expression | python | default
+    kind: str  # input | relation | expression | resolver | default
     column: Column
     args: tuple[str | None, ...] = ()
     resolver: BoundResolver | None = None
@@ -60,7 +60,7 @@ class _Resolver:
         # The entity key of every computed column lets the engine cache it and skip absent
         # entities; it is optional where it cannot be reached (e.g. only derived inputs given).
         for producer in list(self.done.values()):
-            if producer.kind in ("python", "expression", "default"):
+            if producer.kind in ("resolver", "expression", "default"):
                 key = self.key_column(producer.column.path)
                 if key.name not in self.done:
                     try:
@@ -141,7 +141,7 @@ class _Resolver:
             resolver, resolver_args = chosen[0]
             for output in resolver.outputs:  # siblings come from the same call
                 self.column(column.path, FeatureRef(resolver.namespace, (), output))
-            return Producer("python", column, resolver_args, resolver=resolver)
+            return Producer("resolver", column, resolver_args, resolver=resolver)
         if info.default is not MISSING:
             return Producer("default", column)
         raise self.no_path(column, candidates, failures)

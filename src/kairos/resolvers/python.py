@@ -11,10 +11,12 @@ The decorated object is still a plain callable, so users unit-test it by calling
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import inspect
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -87,6 +89,39 @@ class Resolver(Generic[P, R]):
         if self._signature is None:
             self._signature = _read_signature(self)
         return self._signature
+
+
+class PythonRunner:
+    """Calls a Python resolver once per entity: sync functions in the thread pool (one job for
+    the whole batch), coroutines concurrently on the loop."""
+
+    def __init__(self, resolver: Resolver[..., Any]) -> None:
+        self.fn = resolver.fn
+        self.is_async = resolver.is_async
+
+    async def run(
+        self, calls: list[list[Any]], results: list[tuple[bool, Any] | None], pool: Executor
+    ) -> None:
+        fn = self.fn
+        if self.is_async:
+
+            async def one(index: int) -> None:
+                try:
+                    results[index] = (True, await fn(*calls[index]))
+                except Exception as error:  # the user's resolver
+                    results[index] = (False, error)
+
+            await asyncio.gather(*(one(i) for i in range(len(calls))))
+            return
+
+        def run_all() -> None:
+            for index, args in enumerate(calls):
+                try:
+                    results[index] = (True, fn(*args))
+                except Exception as error:  # the user's resolver
+                    results[index] = (False, error)
+
+        await asyncio.get_running_loop().run_in_executor(pool, run_all)
 
 
 def _annotation(resolver: Resolver[..., Any], value: Any, what: str) -> Any:

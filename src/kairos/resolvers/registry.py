@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from kairos.definitions import expressions as ex
 from kairos.definitions.binding import bind_rows_items
 from kairos.definitions.feature import Feature, FeatureRef, class_spec, field_of
 from kairos.definitions.graph import FeatureInfo, Graph
 from kairos.definitions.types import DataFrameSpec
-from kairos.errors import DefinitionError, KairosError
-from kairos.resolvers.python import Resolver
+from kairos.errors import DefinitionError, KairosError, did_you_mean
+from kairos.resolvers.python import PythonRunner, Resolver
+from kairos.resolvers.sql import SqlPlan, SqlResolver, SqlRunner, batch_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,13 +30,24 @@ class BoundInput:
     columns: tuple[str, ...] = ()
 
 
+class Runner(Protocol):
+    """Runs a resolver for a batch of entities: `calls[i]` are the arguments for entity i, and
+    `results[i]` is set to (True, value) or (False, exception) as each finishes."""
+
+    async def run(
+        self, calls: list[list[Any]], results: list[tuple[bool, Any] | None], pool: Executor
+    ) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class BoundResolver:
-    resolver: Resolver[..., Any]
+    resolver: Resolver[..., Any] | SqlResolver
     namespace: str
     inputs: tuple[BoundInput, ...]
     outputs: tuple[str, ...]  # feature names in `namespace`
     shape: str  # one | many | rows
+    runner: Runner
+    kind: str = "python"  # python | sql
 
     @property
     def name(self) -> str:
@@ -43,6 +56,11 @@ class BoundResolver:
     @property
     def timeout(self) -> timedelta | None:
         return self.resolver.timeout
+
+    @property
+    def version(self) -> str:
+        """A short hash of the resolver's code, recorded in the query log."""
+        return self.resolver.version
 
 
 class ResolverSet:
@@ -59,9 +77,14 @@ class ResolverSet:
         }
 
     @classmethod
-    def build(cls, graph: Graph, resolvers: Iterable[Resolver[..., Any]]) -> ResolverSet:
+    def build(
+        cls,
+        graph: Graph,
+        resolvers: Iterable[Resolver[..., Any] | SqlResolver],
+        sources: Mapping[str, Any] | None = None,
+    ) -> ResolverSet:
         bound: list[BoundResolver] = []
-        names: dict[str, Resolver[..., Any]] = {}
+        names: dict[str, Resolver[..., Any] | SqlResolver] = {}
         for resolver in resolvers:
             other = names.get(resolver.name)
             if other is not None and other is not resolver:
@@ -70,7 +93,10 @@ class ResolverSet:
                     f"{resolver.where}); rename one or pass @online(name=...)"
                 )
             names[resolver.name] = resolver
-            bound.append(_bind(graph, resolver))
+            if isinstance(resolver, SqlResolver):
+                bound.append(bind_sql(graph, resolver, sources or {}))
+            else:
+                bound.append(_bind(graph, resolver))
         return cls(tuple(bound))
 
     def producers(
@@ -119,7 +145,9 @@ def _bind(graph: Graph, resolver: Resolver[..., Any]) -> BoundResolver:
                     f"{where}: {info.fqn} is defined by an expression; remove the expression "
                     "or the resolver"
                 )
-        return BoundResolver(resolver, namespace, inputs, tuple(outputs), signature_shape)
+        return BoundResolver(
+            resolver, namespace, inputs, tuple(outputs), signature_shape, PythonRunner(resolver)
+        )
     except DefinitionError:
         raise
     except KairosError as error:
@@ -176,3 +204,137 @@ def _has_many_for(graph: Graph, where: str, namespace: str, spec: DataFrameSpec)
             )
         )
     return matches[0]
+
+
+def bind_sql(graph: Graph, resolver: SqlResolver, sources: Mapping[str, Any]) -> BoundResolver:
+    """Check a `.sql` resolver against the graph and its source; decide how it batches."""
+    where = f"sql resolver {resolver.name!r} ({resolver.where})"
+    info = _resolved_class(graph, where, resolver.resolves)
+    source = _source_for(where, resolver.source, sources)
+    if resolver.columns is None:
+        raise DefinitionError(
+            f"{where}: name every selected column, aliasing expressions with `as` "
+            "(e.g. `count(*) as txn_count`); `select *` cannot be planned"
+        )
+    features = info.features
+    lowered = {name.lower(): name for name in features}
+    columns: dict[str, str] = {}
+    for column in resolver.columns:
+        name = lowered.get(column.lower())
+        if name is None or features[name].kind != "scalar":
+            raise DefinitionError(
+                f"{where}: column {column!r} is not a feature of {info.namespace}"
+                f"{did_you_mean(column, features)}; alias it to one with `as`"
+            )
+        if features[name].expression is not None:
+            raise DefinitionError(
+                f"{where}: {info.namespace}.{name} is defined by an expression; drop the column"
+            )
+        columns[column] = name
+    params = tuple(dict.fromkeys(resolver.text.params))
+    keys = []
+    for param in params:
+        if param == "now":
+            continue
+        feature = features.get(param)
+        if feature is None or feature.kind != "scalar":
+            raise DefinitionError(
+                f"{where}: parameter :{param} is not a feature of {info.namespace}"
+                f"{did_you_mean(param, features)}; parameters name features (or :now)"
+            )
+        if feature.is_primary or feature.fk_target is not None:
+            keys.append(param)
+    if len(keys) != 1:
+        raise DefinitionError(
+            f"{where}: compare exactly one key parameter, the primary key (`where "
+            f"{info.primary} = :{info.primary}`) or a foreign key (`where user_id = :user_id`); "
+            f"found {', '.join(':' + k for k in keys) or 'none'}"
+        )
+    key = keys[0]
+    key_info = features[key]
+    selected = set(columns.values())
+    if key_info.is_primary:
+        namespace = info.namespace
+        inputs = tuple(
+            BoundInput(p, None, None)
+            if p == "now"
+            else BoundInput(p, FeatureRef(namespace, (), p), features[p])
+            for p in params
+        )
+        outputs = tuple(dict.fromkeys(n for n in columns.values() if n not in params))
+        if not outputs:
+            raise DefinitionError(f"{where}: it selects no feature besides its inputs")
+        rows = False
+        shape = "many"
+    else:
+        parent_ns, parent_key = key_info.fk_target
+        namespace = parent_ns
+        extra = [p for p in params if p not in (key, "now")]
+        if extra:
+            raise DefinitionError(
+                f"{where}: a resolver filling a has-many feature takes only :{key} and :now; "
+                f"remove {', '.join(':' + p for p in extra)}"
+            )
+        has_many = [
+            name
+            for name, feat in graph.cls(parent_ns).features.items()
+            if feat.kind == "has_many" and feat.target == info.namespace and feat.join_key == key
+        ]
+        if len(has_many) != 1:
+            raise DefinitionError(
+                f"{where}: {parent_ns} has no has-many feature of {info.namespace} joined on "
+                f"{key}; declare one, e.g. `{info.namespace}s: DataFrame[{info.cls.__name__}]`"
+            )
+        inputs = tuple(
+            BoundInput(p, None, None)
+            if p == "now"
+            else BoundInput(
+                p, FeatureRef(parent_ns, (), parent_key), graph.feature(parent_ns, parent_key)
+            )
+            for p in params
+        )
+        outputs = (has_many[0],)
+        rows = True
+        shape = "rows"
+    key_column = (
+        next((c for c, n in columns.items() if n == key), None) if key in selected else None
+    )
+    rewritten = batch_text(resolver.text, key) if key_column else None
+    plan = SqlPlan(
+        resolver,
+        key,
+        key_column if rewritten else None,
+        rows,
+        params,
+        rewritten[0] if rewritten else None,
+        columns,
+    )
+    return BoundResolver(
+        resolver, namespace, inputs, outputs, shape, SqlRunner(plan, source), "sql"
+    )
+
+
+def _resolved_class(graph: Graph, where: str, name: str) -> Any:
+    for info in graph.classes.values():
+        if name in (info.cls.__name__, info.namespace):
+            return info
+    names = [info.cls.__name__ for info in graph.classes.values()]
+    raise DefinitionError(
+        f"{where}: `-- resolves: {name}` names no feature class{did_you_mean(name, names)}"
+    )
+
+
+def _source_for(where: str, name: str | None, sources: Mapping[str, Any]) -> Any:
+    if name is None:
+        if len(sources) == 1:
+            return next(iter(sources.values()))
+        raise DefinitionError(
+            f"{where}: add `-- source: NAME` (configured sources: {', '.join(sources) or 'none'})"
+        )
+    try:
+        return sources[name]
+    except KeyError:
+        raise DefinitionError(
+            f"{where}: source {name!r} is not configured in kairos.yaml"
+            f"{did_you_mean(name, sources)}; configured: {', '.join(sources) or 'none'}"
+        ) from None

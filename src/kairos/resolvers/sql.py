@@ -1,0 +1,349 @@
+"""SQL resolvers: `.sql` files in a project, with a comment header.
+
+    -- resolves: User
+    -- source: bank
+    -- type: online            (or offline; default online)
+    -- timeout: 2s             (optional)
+    select id, name, email, created_at as signup_at from users where id = :id
+
+Columns map to the resolved class's features by name (alias them with `as`). Parameters are
+`:name` where `name` is a feature of the resolved class (or `now`); values are bound by the
+driver, never spliced into the text. A parameter that is the class's primary key makes the
+resolver produce the selected features; one that is a foreign key (`:user_id` on
+Transaction) makes it fill the parent's has-many feature (`User.transactions`). For a batch
+of entities the key comparison (`id = :id`) becomes `id IN (...)`: one statement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from kairos.definitions.durations import parse_duration
+from kairos.errors import DefinitionError, KairosError
+
+_HEADER = re.compile(r"^\s*--\s*([a-z_]+)\s*:\s*(.*?)\s*$")
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+# Batches this size or smaller go out as one statement; larger ones are split.
+MAX_BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SqlText:
+    """User SQL split around its `:name` parameters (strings and comments left alone)."""
+
+    parts: tuple[str, ...]  # len(parts) == len(params) + 1
+    params: tuple[str, ...]
+
+    def render(self, placeholder: Any, escape_percent: bool = False) -> str:
+        pieces = []
+        for index, part in enumerate(self.parts):
+            pieces.append(part.replace("%", "%%") if escape_percent else part)
+            if index < len(self.params):
+                pieces.append(placeholder(index + 1))
+        return "".join(pieces)
+
+
+def split_parameters(sql: str) -> SqlText:
+    """Find `:name` parameters outside quotes and comments; `::type` casts are not params."""
+    parts: list[str] = []
+    params: list[str] = []
+    start = 0
+    i = 0
+    n = len(sql)
+    while i < n:
+        ch = sql[i]
+        if ch in ("'", '"'):
+            end = sql.find(ch, i + 1)
+            while end != -1 and end + 1 < n and sql[end + 1] == ch:  # doubled quote escape
+                end = sql.find(ch, end + 2)
+            i = n if end == -1 else end + 1
+        elif sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = n if end == -1 else end
+        elif sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            i = n if end == -1 else end + 2
+        elif ch == ":" and sql.startswith("::", i):
+            i += 2
+        elif ch == ":" and (match := _IDENT.match(sql, i + 1)) and (i == 0 or sql[i - 1] != ":"):
+            parts.append(sql[start:i])
+            params.append(match.group(0))
+            i = start = match.end()
+        else:
+            i += 1
+    parts.append(sql[start:])
+    return SqlText(tuple(parts), tuple(params))
+
+
+def selected_columns(sql: str) -> list[str] | None:
+    """Output names of the top-level SELECT list (`expr as alias` -> alias), or None when a
+    column cannot be named (e.g. `*` or an unaliased expression)."""
+    text = _strip_comments(sql)
+    lowered = text.lower()
+    depth = 0
+    select_at = from_at = -1
+    for match in re.finditer(r"\(|\)|\bselect\b|\bfrom\b", lowered):
+        token = match.group(0)
+        if token == "(":
+            depth += 1
+        elif token == ")":
+            depth -= 1
+        elif depth == 0 and token == "select" and select_at < 0:
+            select_at = match.end()
+        elif depth == 0 and token == "from" and select_at >= 0:
+            from_at = match.start()
+            break
+    if select_at < 0 or from_at < 0:
+        return None
+    body = re.sub(r"^\s*distinct\b", "", text[select_at:from_at], flags=re.IGNORECASE)
+    columns = []
+    for item in _split_top_level(body):
+        item = item.strip()
+        alias = re.search(r"\bas\s+\"?([A-Za-z_]\w*)\"?\s*$", item, flags=re.IGNORECASE)
+        if alias:
+            columns.append(alias.group(1))
+        elif re.fullmatch(r"(?:[A-Za-z_]\w*\.)?\"?([A-Za-z_]\w*)\"?", item):
+            columns.append(item.split(".")[-1].strip('"'))
+        else:
+            return None
+    return columns
+
+
+def _strip_comments(sql: str) -> str:
+    sql = re.sub(r"/\*.*?\*/", " ", sql, flags=re.DOTALL)
+    return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+
+
+def _split_top_level(body: str) -> list[str]:
+    items, depth, current, quote = [], 0, [], ""
+    for ch in body:
+        if quote:
+            current.append(ch)
+            quote = "" if ch == quote else quote
+            continue
+        if ch in ("'", '"'):
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+            continue
+        current.append(ch)
+    items.append("".join(current))
+    return items
+
+
+class SqlResolver:
+    """One `.sql` file: what it resolves, from which source, and its text."""
+
+    is_async = True
+
+    def __init__(
+        self,
+        name: str,
+        sql: str,
+        *,
+        resolves: str,
+        source: str | None,
+        kind: str = "online",
+        timeout: timedelta | None = None,
+        path: Path | None = None,
+        line: int = 1,
+    ) -> None:
+        self.name = name
+        self.sql = sql
+        self.resolves = resolves
+        self.source = source
+        self.kind = kind
+        self.timeout = timeout
+        self.path = path
+        self.line = line
+        self.text = split_parameters(sql)
+        self.columns = selected_columns(sql)
+        self.version = hashlib.sha256(sql.encode()).hexdigest()[:12]
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}" if self.path else f"<sql {self.name}>"
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} sql resolver {self.name}>"
+
+    @classmethod
+    def from_file(cls, path: Path) -> SqlResolver:
+        """Read a `.sql` file and its `-- key: value` header."""
+        text = path.read_text()
+        header: dict[str, str] = {}
+        body_line = 1
+        for number, line in enumerate(text.splitlines(), start=1):
+            match = _HEADER.match(line)
+            if match:
+                header[match.group(1)] = match.group(2)
+            elif line.strip() and not line.strip().startswith("--"):
+                body_line = number
+                break
+        where = f"{path}"
+        unknown = set(header) - {"resolves", "source", "type", "timeout", "name"}
+        if unknown:
+            raise DefinitionError(
+                f"{where}: unknown header key(s) {', '.join(sorted(unknown))}; use resolves, "
+                "source, type, timeout, name"
+            )
+        if "resolves" not in header:
+            raise DefinitionError(f"{where}: add a header line `-- resolves: ClassName`")
+        kind = header.get("type", "online")
+        if kind not in ("online", "offline"):
+            raise DefinitionError(f"{where}: `-- type: {kind}` must be online or offline")
+        timeout = (
+            parse_duration(header["timeout"], field=f"{where} timeout")
+            if "timeout" in header
+            else None
+        )
+        return cls(
+            header.get("name", path.stem),
+            text,
+            resolves=header["resolves"],
+            source=header.get("source"),
+            kind=kind,
+            timeout=timeout,
+            path=path,
+            line=body_line,
+        )
+
+
+@dataclass(frozen=True)
+class SqlPlan:
+    """How a bound SQL resolver runs: its key parameter and how rows map back to entities."""
+
+    resolver: SqlResolver
+    key_param: str  # the parameter that identifies the entity (:id or :user_id)
+    key_column: str | None  # output column holding the key, to map a batch's rows back
+    rows: bool  # True: rows fill a has-many feature; False: one row gives scalar features
+    params: tuple[str, ...]  # parameter name per resolver input, in input order
+    batch: SqlText | None  # the text with `col IN (:__keys__)` when a batch can be pushed down
+    columns: Mapping[str, str]  # output column -> feature name
+
+
+class SqlRunner:
+    """Runs a bound SQL resolver for a batch of entities against its source."""
+
+    def __init__(self, plan: SqlPlan, source: Any) -> None:
+        self.plan = plan
+        self.source = source
+        self.percent = getattr(source, "escape_percent", False)
+
+    async def run(
+        self, calls: list[list[Any]], results: list[tuple[bool, Any] | None], pool: Any
+    ) -> None:
+        plan = self.plan
+        key_index = plan.params.index(plan.key_param)
+        others = [[v for i, v in enumerate(c) if i != key_index] for c in calls]
+        same_others = all(o == others[0] for o in others)
+        if plan.batch is not None and same_others and len(calls) > 1:
+            keys = list(dict.fromkeys(c[key_index] for c in calls))
+            found: dict[Any, list[dict[str, Any]]] = {}
+            try:
+                for start in range(0, len(keys), MAX_BATCH):
+                    chunk = keys[start : start + MAX_BATCH]
+                    rows = await self.fetch_batch(chunk, calls[0])
+                    for row in rows:
+                        found.setdefault(_norm(row.get(plan.key_column or "")), []).append(row)
+            except Exception as error:  # the database's failure becomes each row's error
+                for index in range(len(calls)):
+                    results[index] = (False, error)
+                return
+            for index, call in enumerate(calls):
+                results[index] = self.shape(found.get(_norm(call[key_index]), []), call, key_index)
+            return
+
+        async def one(index: int) -> None:
+            try:
+                rows = await self.fetch_one(calls[index])
+                results[index] = self.shape(rows, calls[index], key_index)
+            except Exception as error:  # the database's failure becomes this row's error
+                results[index] = (False, error)
+
+        await asyncio.gather(*(one(i) for i in range(len(calls))))
+
+    def shape(
+        self, rows: list[dict[str, Any]], call: list[Any], key_index: int
+    ) -> tuple[bool, Any]:
+        if self.plan.rows:
+            return True, rows
+        if not rows:
+            return False, LookupError(
+                f"sql resolver {self.plan.resolver.name!r} found no row for "
+                f"{self.plan.key_param}={call[key_index]!r}"
+            )
+        return True, rows[0]
+
+    async def fetch_one(self, call: list[Any]) -> list[dict[str, Any]]:
+        values = dict(zip(self.plan.params, call, strict=True))
+        text = self.plan.resolver.text
+        sql = text.render(self.source.placeholder, self.percent)
+        return await self.fetch(sql, [values[name] for name in text.params])
+
+    async def fetch_batch(self, keys: list[Any], call: list[Any]) -> list[dict[str, Any]]:
+        values = dict(zip(self.plan.params, call, strict=True))
+        text = self.plan.batch
+        if text is None:  # pragma: no cover - checked by the caller
+            raise KairosError("no batch statement")
+        params: list[Any] = []
+        pieces = []
+        counter = 0
+
+        def placeholder() -> str:
+            nonlocal counter
+            counter += 1
+            return str(self.source.placeholder(counter))
+
+        for index, part in enumerate(text.parts):
+            pieces.append(part.replace("%", "%%") if self.percent else part)
+            if index < len(text.params):
+                name = text.params[index]
+                if name == "__keys__":
+                    pieces.append(", ".join(placeholder() for _ in keys))
+                    params.extend(keys)
+                else:
+                    pieces.append(placeholder())
+                    params.append(values[name])
+        return await self.fetch("".join(pieces), params)
+
+    async def fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        columns, rows = await self.source.fetch(sql, params)
+        names = [self.plan.columns.get(c, c) for c in columns]
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+def _norm(key: Any) -> Any:
+    # Databases may hand back 7 for "7" (or the reverse); match keys by their text.
+    return None if key is None else str(key)
+
+
+def batch_text(text: SqlText, key_param: str) -> tuple[SqlText, str] | None:
+    """Rewrite the one `col = :key` comparison into `col IN (:__keys__)`."""
+    hits = [i for i, p in enumerate(text.params) if p == key_param]
+    if len(hits) != 1:
+        return None
+    index = hits[0]
+    before = text.parts[index]
+    match = re.search(r"([A-Za-z_][\w.\"]*)\s*=\s*$", before)
+    if match is None:
+        return None
+    column = match.group(1).split(".")[-1].strip('"')
+    parts = list(text.parts)
+    parts[index] = before[: match.start()] + f"{match.group(1)} IN ("
+    parts[index + 1] = ")" + parts[index + 1]
+    params = list(text.params)
+    params[index] = "__keys__"
+    return SqlText(tuple(parts), tuple(params)), column
