@@ -1,11 +1,19 @@
-"""The fraud example, end to end on embedded defaults: `make demo`.
+"""The fraud example end to end on embedded defaults: `make demo`.
 
-Generates the seeded SQLite data, loads the project, and asks for a risk decision's inputs:
-the plan, the values with where each came from, the cache at work, the per-node trace, and a
-bulk query over every user.
+Generates the seeded SQLite data, starts `kairos serve` on it, asks the server for a risk
+decision's inputs over HTTP (the plan, the values and where each came from, the cache at
+work, the per-node trace, a bulk query over every user, the query log and the metrics), then
+stops the server and reads the decision back from the query log it left on disk.
 """
 
+import json
+import signal
+import socket
+import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,9 +36,9 @@ OUTPUTS = [
 def table(headers: list[str], rows: list[list[Any]]) -> str:
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()
     rule = "  ".join("-" * w for w in widths)
-    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     return "\n".join([line, rule, *body])
 
 
@@ -42,52 +50,158 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """`kairos serve` in a child process, stopped however the demo ends."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "kairos.cli", "serve", str(PROJECT), "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            raw = response.read()
+        return json.loads(raw) if response.headers.get_content_type() == "application/json" else raw
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"kairos serve exited early:\n{self.stop()}")
+            try:
+                self.call("GET", "/readyz")
+                return
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        raise RuntimeError("kairos serve did not become ready in time")
+
+    def stop(self) -> str:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            output, _ = self.process.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            output, _ = self.process.communicate()
+        return output or ""
+
+
 def main() -> None:
     generate()
-    with kr.Client(PROJECT) as client:
-        print(f"kairos {kr.__version__} - fraud example, queried as of {ANCHOR.isoformat()}\n")
-        print("Plan for user.risk and its inputs:")
-        print(client.explain(input=["user.id"], output=OUTPUTS))
+    server = Server(free_port())
+    try:
+        server.wait_ready()
+        print(f"kairos {kr.__version__}: fraud example served at {server.url}")
+        print(f"queries are made as of {ANCHOR.isoformat()}\n")
 
-        users = ["u0001", "u0002", "u0003"]
-        first = [client.query({"user.id": u}, OUTPUTS, now=ANCHOR) for u in users]
-        for uid, result in zip(users, first, strict=True):
-            print(f"\n{uid} (query {result.meta.query_id[:8]}, {result.meta.duration_ms:.2f} ms):")
-            rows = [[fv.feature, fv.value, fv.source, fv.observed_at] for fv in result]
+        plan = server.call("POST", "/v1/query/plan", {"inputs": ["user.id"], "outputs": OUTPUTS})
+        print("POST /v1/query/plan: the plan for user.risk and its inputs")
+        print(plan["explain"])
+
+        first = []
+        for uid in ("u0001", "u0002", "u0003"):
+            body = {"inputs": {"user.id": uid}, "outputs": OUTPUTS, "now": ANCHOR.isoformat()}
+            result = server.call("POST", "/v1/query/online", body)
+            first.append(result)
+            meta = result["meta"]
+            print(f"\nPOST /v1/query/online {uid}: query {result['query_id'][:8]}, "
+                  f"{meta['duration_ms']:.2f} ms in the server")  # fmt: skip
+            rows = [
+                [name, f["value"], f["source"], f["observed_at"]]
+                for name, f in result["features"].items()
+            ]
             print(table(["feature", "value", "source", "observed_at"], rows))
-            for error in result.errors:
-                print(f"  error {error.feature}: {error.code}: {error.message}")
+            for error in result["errors"]:
+                print(f"  error {error['feature']}: {error['code']}: {error['message']}")
 
-        print("\nTrace of the first query (time per plan node):")
+        print("\nTrace of the first query (time per plan node, ms):")
         rows = [
-            [t.node if t.node is not None else "", t.kind, t.label, t.start_ms, t.duration_ms]
-            for t in first[0].trace
-        ]
-        print(table(["node", "kind", "label", "start ms", "duration ms"], rows))
+            [t["node"] if t["node"] is not None else "", t["kind"], t["label"], t["start_ms"],
+             t["duration_ms"]]
+            for t in first[0]["trace"]
+        ]  # fmt: skip
+        print(table(["node", "kind", "label", "start", "duration"], rows))
 
-        again = client.query({"user.id": "u0001"}, OUTPUTS, now=ANCHOR.replace(second=30))
+        later = ANCHOR.replace(second=30).isoformat()
+        again = server.call(
+            "POST", "/v1/query/online",
+            {"inputs": {"user.id": "u0001"}, "outputs": OUTPUTS, "now": later},
+        )  # fmt: skip
+        sources = sorted({f["source"] for f in again["features"].values()})
         print(
-            f"\nSame user 30 s later: {again.meta.cache_hits} of {len(OUTPUTS)} features from "
-            f"the cache (max_staleness 1m), {again.meta.duration_ms:.3f} ms, "
-            f"sources: {sorted({fv.source or '-' for fv in again})}"
+            f"\nSame user 30 s later: {again['meta']['cache_hits']} of {len(OUTPUTS)} features "
+            f"from the cache (max_staleness 1m), sources {sources}"
         )
 
         everyone = [f"u{i:04d}" for i in range(1, 201)]
         started = time.perf_counter()
-        bulk = client.query_bulk(
-            {"user.id": everyone}, OUTPUTS, now=ANCHOR, staleness={"user.risk": "0s"}
-        )
+        bulk = server.call(
+            "POST", "/v1/query/bulk",
+            {"inputs": {"user.id": everyone}, "outputs": OUTPUTS, "now": ANCHOR.isoformat(),
+             "staleness": {"user.risk": "0s"}},
+        )  # fmt: skip
         elapsed = (time.perf_counter() - started) * 1000
-        ranked = sorted(
-            zip(everyone, bulk.column("user.risk"), strict=True), key=lambda p: -(p[1] or 0)
+        values = bulk["values"]
+        order = sorted(range(len(everyone)), key=lambda i: -(values["user.risk"][i] or 0))
+        print(
+            f"\nPOST /v1/query/bulk: {bulk['rows']} users in {elapsed:.1f} ms over HTTP, "
+            f"{len(bulk['errors'])} errors. Riskiest five:"
         )
-        print(f"\nBulk query: {len(bulk)} users in {elapsed:.1f} ms, {len(bulk.errors)} errors.")
-        print("Riskiest five:")
-        top = [
-            [uid, *[bulk.columns[o].values[everyone.index(uid)] for o in OUTPUTS]]
-            for uid, _ in ranked[:5]
-        ]
+        top = [[everyone[i], *[values[o][i] for o in OUTPUTS]] for i in order[:5]]
         print(table(["user", *OUTPUTS], top))
+
+        query_id = first[0]["query_id"]
+        logged = server.call("GET", f"/v1/log/{query_id}")
+        print(f"\nGET /v1/log/{query_id[:8]}...: what that decision saw")
+        rows = [
+            [name, v["value"], v["source"], v["version"]] for name, v in logged["outputs"].items()
+        ]
+        print(table(["feature", "value", "source", "version"], rows))
+
+        metrics = server.call("GET", "/metrics").decode()
+        hits = _metric(metrics, "kairos_cache_hits_total")
+        misses = _metric(metrics, "kairos_cache_misses_total")
+        requests = _metric(metrics, "kairos_requests_total")
+        print(
+            f"\nGET /metrics: {requests:.0f} requests, cache hit ratio "
+            f"{hits / max(hits + misses, 1):.2f} ({hits:.0f} hits, {misses:.0f} computed)"
+        )
+    finally:
+        output = server.stop()
+    last = output.strip().splitlines()[-1] if output.strip() else "no output"
+    print(f"\nServer stopped ({last}).")
+
+    with kr.Client(PROJECT) as client:
+        record = client.log.get(query_id)
+    if record is None:
+        raise SystemExit(f"query {query_id} is missing from the query log")
+    print(
+        f"Read back from {PROJECT.name}/.kairos/query_log.db after the stop: query "
+        f"{record.query_id[:8]} at {record.now.isoformat()} saw user.risk="
+        f"{record.outputs['user.risk'].value:.3f} (`kairos log show {record.query_id}`)"
+    )
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    )
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ def test_unknown_user_is_an_error_for_its_features_only(client: kr.Client) -> No
     [error] = result.errors
     assert error.feature == "user.name"
     assert error.code == "resolver_error"
-    assert "no user 'nobody'" in error.message
+    assert "found no row for id='nobody'" in error.message
 
 
 def test_second_query_is_served_from_the_cache(client: kr.Client) -> None:
@@ -128,8 +128,9 @@ def test_second_query_is_served_from_the_cache(client: kr.Client) -> None:
 def test_demo_prints_values_cache_hits_and_trace(capsys: pytest.CaptureFixture[str]) -> None:
     demo.main()
     out = capsys.readouterr().out
-    assert "Plan for user.risk" in out
-    assert "risk_score" in out
+    assert "POST /v1/query/plan" in out and "risk_score" in out
     assert "6 of 6 features from the cache" in out
     assert "Trace of the first query" in out
-    assert "Bulk query: 200 users" in out and "0 errors" in out
+    assert "POST /v1/query/bulk: 200 users" in out and "0 errors" in out
+    assert "Server stopped (kairos stopped; query log flushed)" in out
+    assert "Read back from fraud/.kairos/query_log.db after the stop" in out

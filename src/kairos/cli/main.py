@@ -32,8 +32,27 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kairos", description="Real-time features and models.")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
+    init = commands.add_parser("init", help="create a small working project")
+    init.add_argument("folder", nargs="?", default=".")
+    init.set_defaults(run=lambda a: _init(a.folder))
+
+    serve = commands.add_parser("serve", help="run the HTTP server")
+    serve.add_argument("project", nargs="?", default=".")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.set_defaults(run=lambda a: _serve(a.project, a.host, a.port))
+
+    log = commands.add_parser("log", help="read the query log")
+    log_commands = log.add_subparsers(required=True, metavar="ACTION")
+    show = log_commands.add_parser("show", help="what one logged query saw")
+    show.add_argument("query_id")
+    show.add_argument("--project", default=".")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(run=_log_show)
+
     query = commands.add_parser("query", help="compute features for one entity")
     query.add_argument("--project", default=".", help="project folder (default: .)")
+    query.add_argument("--url", help="query a running server instead (token: $KAIROS_API_KEY)")
     query.add_argument("--in", dest="inputs", action="append", default=[], metavar="FEATURE=VALUE")
     query.add_argument("--out", dest="outputs", action="append", default=[], metavar="FEATURE")
     query.add_argument("--now", help="ISO time to query as of (default: now)")
@@ -62,11 +81,99 @@ def _inputs(pairs: list[str]) -> dict[str, Any]:
     return values
 
 
+def _init(folder: str) -> int:
+    from kairos.cli.scaffold import init
+
+    return init(folder)
+
+
+def _serve(project: str, host: str | None, port: int | None) -> int:
+    from kairos.cli.serve import serve
+
+    return serve(project, host, port)
+
+
+def _log_show(args: argparse.Namespace) -> int:
+    with Client(args.project) as client:
+        record = client.log.get(args.query_id)
+    if record is None:
+        raise KairosError(f"no logged query {args.query_id!r} in {args.project}")
+    if args.json:
+        body = {
+            "query_id": record.query_id,
+            "now": record.now.isoformat(),
+            "inputs": record.inputs,
+            "outputs": {
+                name: {
+                    "value": v.value,
+                    "observed_at": v.observed_at.isoformat() if v.observed_at else None,
+                    "source": v.source,
+                    "version": v.version,
+                    "error": v.error_code,
+                }
+                for name, v in record.outputs.items()
+            },
+        }
+        print(json.dumps(body, default=str, indent=2))
+        return 0
+    print(f"query {record.query_id} at {record.now.isoformat()} ({record.duration_ms:.2f} ms)")
+    print("inputs: " + ", ".join(f"{k}={v!r}" for k, v in record.inputs.items()))
+    rows = [
+        (name, _cell(v.value), v.source or "-", v.version or "-", _cell(v.observed_at),
+         v.error_code or "")
+        for name, v in record.outputs.items()
+    ]  # fmt: skip
+    print(_grid(("feature", "value", "source", "version", "observed_at", "error"), rows))
+    return 0
+
+
+def _remote(url: str, inputs: dict[str, Any], outputs: list[str], now: datetime | None) -> Any:
+    import os
+    import urllib.error
+    import urllib.request
+
+    body: dict[str, Any] = {"inputs": inputs, "outputs": outputs}
+    if now is not None:
+        body["now"] = now.isoformat()
+    request = urllib.request.Request(
+        url.rstrip("/") + "/v1/query/online",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    token = os.environ.get("KAIROS_API_KEY")
+    if token:
+        request.add_header("authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        detail = json.loads(error.read() or b"{}").get("error", {})
+        raise KairosError(
+            f"server said {error.code}: {detail.get('message', error.reason)}"
+        ) from None
+    except urllib.error.URLError as error:
+        raise KairosError(f"cannot reach {url}: {error.reason}") from None
+
+
 def _query(args: argparse.Namespace) -> int:
     if not args.outputs:
         raise KairosError("name at least one output: --out user.risk")
     now = datetime.fromisoformat(args.now) if args.now else None
     inputs = _inputs(args.inputs)
+    if args.url:
+        body = _remote(args.url, inputs, args.outputs, now)
+        if args.json:
+            print(json.dumps(body, indent=2))
+        else:
+            rows = [
+                (name, _cell(f["value"]), f["source"] or "-", str(f["observed_at"] or "-"))
+                for name, f in body["features"].items()
+            ]
+            print(_grid(("feature", "value", "source", "observed_at"), rows))
+            for error in body["errors"]:
+                print(f"error {error['feature']}: {error['code']}: {error['message']}")
+            print(f"query {body['query_id']} in {body['meta']['duration_ms']:.2f} ms")
+        return 1 if body["errors"] else 0
     with Client(args.project) as client:
         if args.explain:
             print(client.explain(list(inputs), args.outputs), end="\n\n")
@@ -116,13 +223,18 @@ def _json(result: QueryResult) -> str:
     return json.dumps(body, default=str, indent=2)
 
 
+def _grid(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain text table."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
 def _table(result: QueryResult) -> str:
     rows = [(fv.feature, _cell(fv.value), fv.source or "-", _cell(fv.observed_at)) for fv in result]
-    headers = ("feature", "value", "source", "observed_at")
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines = [_grid(("feature", "value", "source", "observed_at"), rows)]
     lines += [f"error {e.feature}: {e.code}: {e.message}" for e in result.errors]
     lines.append(f"query {result.meta.query_id} in {result.meta.duration_ms:.2f} ms")
     return "\n".join(lines)

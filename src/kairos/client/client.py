@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import threading
 import time
 import uuid
@@ -14,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kairos.client.config import Config
 from kairos.client.project import Project
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.feature import Feature
@@ -26,7 +28,15 @@ from kairos.errors import InvalidInput, InvalidValue, KairosError
 from kairos.planner.plan import Plan
 from kairos.planner.planner import Planner
 from kairos.resolvers.registry import ResolverSet
+from kairos.sources import source_from_config
 from kairos.stores.online import OnlineStore, online_store_from_url
+from kairos.stores.query_log import (
+    LoggedQuery,
+    LoggedValue,
+    NullQueryLog,
+    QueryLog,
+    query_log_from_url,
+)
 
 T = TypeVar("T")
 
@@ -44,8 +54,10 @@ class Client:
         project: str | Path | Project | None = None,
         *,
         definitions: Iterable[Any] = (),
-        online_store: str | OnlineStore = "memory://",
-        default_timeout: DurationLike = "10s",
+        config: Config | None = None,
+        online_store: str | OnlineStore | None = None,
+        query_log: str | QueryLog | None = None,
+        default_timeout: DurationLike | None = None,
         max_workers: int = 32,
     ) -> None:
         if isinstance(project, Project):
@@ -54,6 +66,8 @@ class Client:
             loaded = Project.load(project)
         else:
             loaded = Project(None, (), ())
+        folder = loaded.root.parent if loaded.root and loaded.root.is_file() else loaded.root
+        self.config = config or (Config.load(folder) if folder is not None else Config())
         extra = Project.from_objects(definitions)
         self.project = Project(
             loaded.root,
@@ -66,12 +80,23 @@ class Client:
                 "definitions=[...]"
             )
         self.graph = Graph.build(self.project.feature_classes)
-        self.resolvers = ResolverSet.build(self.graph, self.project.resolvers)
-        timeout = parse_duration(default_timeout, field="default_timeout")
-        self.planner = Planner(self.graph, self.resolvers, default_timeout=timeout)
-        self.store = (
-            online_store_from_url(online_store) if isinstance(online_store, str) else online_store
+        base = self.config.base_dir or Path.cwd()
+        # Sources connect lazily: building them does no I/O.
+        self.sources = {
+            name: source_from_config(name, spec, base) for name, spec in self.config.sources.items()
+        }
+        self.resolvers = ResolverSet.build(self.graph, self.project.resolvers, self.sources)
+        timeout = (
+            self.config.resolver_timeout
+            if default_timeout is None
+            else parse_duration(default_timeout, field="default_timeout")
         )
+        self.planner = Planner(self.graph, self.resolvers, default_timeout=timeout)
+        store = self.config.online_store if online_store is None else online_store
+        self.store = online_store_from_url(store) if isinstance(store, str) else store
+        log = self.config.query_log if query_log is None else query_log
+        self.log: QueryLog = query_log_from_url(log) if isinstance(log, str) else log
+        self._logging = not isinstance(self.log, NullQueryLog)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="kairos-resolver"
         )
@@ -81,6 +106,7 @@ class Client:
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = False
 
     # --- names --------------------------------------------------------------------------
 
@@ -251,7 +277,52 @@ class Client:
         meta = QueryMeta(
             query_id or uuid.uuid4().hex, when, total, rows, outcome.cache_hits, outcome.computed
         )
-        return BulkResult(outcome.columns, meta, trace, self.name)
+        result = BulkResult(outcome.columns, meta, trace, self.name)
+        if self._logging:
+            self._log(plan, columns, result)
+        return result
+
+    def _log(self, plan: Plan, inputs: dict[str, list[Any]], result: BulkResult) -> None:
+        """Append each entity's decision to the query log (off the hot path: a queue)."""
+        meta = result.meta
+        versions = {name: _version(plan, name) for name in result.columns}
+        trace = [
+            {
+                "node": t.node,
+                "kind": t.kind,
+                "label": t.label,
+                "start_ms": t.start_ms,
+                "duration_ms": t.duration_ms,
+                "rows": t.rows,
+                "status": t.status,
+            }
+            for t in result.trace
+        ]
+        logged_at = datetime.now(UTC)
+        for row in range(meta.rows):
+            outputs = {}
+            for name, col in result.columns.items():
+                error = col.errors[row]
+                source = col.source[row]
+                outputs[name] = LoggedValue(
+                    col.values[row],
+                    col.observed_at[row],
+                    source,
+                    versions[name] if source not in (None, "cache", "input", "default") else None,
+                    error.code if error else None,
+                    error.message if error else None,
+                )
+            self.log.append(
+                LoggedQuery(
+                    meta.query_id if meta.rows == 1 else f"{meta.query_id}-{row}",
+                    meta.now,
+                    {name: values[row] for name, values in inputs.items()},
+                    outputs,
+                    meta.duration_ms,
+                    trace,
+                    logged_at,
+                )
+            )
 
     # --- running async code from sync callers ----------------------------------------------
 
@@ -279,9 +350,19 @@ class Client:
                 self._loops.append(loop)
         return loop
 
+    async def aclose(self) -> None:
+        """Flush the query log, close the sources and the online store (once)."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self.log.close)
+        for source in self.sources.values():
+            await source.close()
+        await self.store.close()
+
     def close(self) -> None:
-        """Close the store, stop the resolver threads, close the event loops this client made."""
-        self._sync(self.store.close())
+        """`aclose()`, then stop the resolver threads and the event loops this client made."""
+        self._sync(self.aclose())
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._loops_lock:
             loops, self._loops = self._loops, []
@@ -297,6 +378,18 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _version(plan: Plan, column: str) -> str | None:
+    """The version of the code that computes `column` in this plan."""
+    node = plan.node(column)
+    if node is None:
+        return None
+    if node.resolver is not None:
+        return node.resolver.version
+    if node.expression is not None:
+        return hashlib.sha256(node.expression.source.encode()).hexdigest()[:12]
+    return None
 
 
 def _now(now: datetime | None) -> datetime:

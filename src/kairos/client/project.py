@@ -23,23 +23,24 @@ from typing import Any
 from kairos.definitions.feature import class_spec
 from kairos.errors import ProjectError
 from kairos.resolvers.python import Resolver
+from kairos.resolvers.sql import SqlResolver
 
 _SKIP_DIRS = {"tests", "test", "data", "node_modules", "build", "dist"}
 
 
 @dataclass(frozen=True)
 class Project:
-    """The definitions a client serves: feature classes and resolvers."""
+    """The definitions a client serves: feature classes and resolvers (Python and SQL)."""
 
     root: Path | None
     feature_classes: tuple[type, ...]
-    resolvers: tuple[Resolver[..., Any], ...]
+    resolvers: tuple[Resolver[..., Any] | SqlResolver, ...]
 
     @classmethod
     def from_objects(cls, objects: Iterable[Any], root: Path | None = None) -> Project:
         """Pick feature classes and resolvers out of any objects (e.g. a module's values)."""
         classes: dict[int, type] = {}
-        resolvers: dict[int, Resolver[..., Any]] = {}
+        resolvers: dict[int, Resolver[..., Any] | SqlResolver] = {}
         for obj in objects:
             if isinstance(obj, ModuleType):
                 cls._collect(vars(obj).values(), classes, resolvers)
@@ -49,12 +50,14 @@ class Project:
 
     @staticmethod
     def _collect(
-        objects: Iterable[Any], classes: dict[int, type], resolvers: dict[int, Resolver[..., Any]]
+        objects: Iterable[Any],
+        classes: dict[int, type],
+        resolvers: dict[int, Resolver[..., Any] | SqlResolver],
     ) -> None:
         for obj in objects:
             if class_spec(obj) is not None:
                 classes.setdefault(id(obj), obj)
-            elif isinstance(obj, Resolver):
+            elif isinstance(obj, Resolver | SqlResolver):
                 resolvers.setdefault(id(obj), obj)
 
     @classmethod
@@ -72,18 +75,26 @@ class Project:
         folder = root.parent if root.is_file() else root
         package = _package(folder)
         modules = [_import(package, folder, file) for file in files]
-        return cls.from_objects(modules, root)
+        queries = (
+            [SqlResolver.from_file(p) for p in _files(folder, "*.sql")] if root.is_dir() else []
+        )
+        return cls.from_objects([*modules, *queries], root)
 
 
-def _module_files(root: Path) -> list[Path]:
+def _files(root: Path, pattern: str) -> list[Path]:
     files = []
-    for file in sorted(root.rglob("*.py")):
+    for file in sorted(root.rglob(pattern)):
         parts = file.relative_to(root).parts
         if any(p.startswith((".", "_")) or p in _SKIP_DIRS for p in parts[:-1]):
             continue
         if file.name.startswith(("_", "test_")) or file.name.endswith("_test.py"):
             continue
         files.append(file)
+    return files
+
+
+def _module_files(root: Path) -> list[Path]:
+    files = _files(root, "*.py")
     if not files:
         raise ProjectError(
             f"project folder {str(root)!r} has no Python modules; add e.g. "

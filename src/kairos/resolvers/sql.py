@@ -21,7 +21,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,43 +50,97 @@ class SqlText:
         return "".join(pieces)
 
 
+_DOLLAR = re.compile(r"\$([A-Za-z_]\w*)?\$")
+
+
+def scan(sql: str) -> list[tuple[str, str]]:
+    """Split SQL into ("code" | "string" | "comment", text) segments, in order. Strings are
+    '...', "..." (doubled quotes escape) and Postgres $tag$...$tag$; comments -- and /* */."""
+    segments: list[tuple[str, str]] = []
+    start = i = 0
+    n = len(sql)
+    while i < n:
+        ch = sql[i]
+        end = -1
+        kind = ""
+        if ch in ("'", '"'):
+            kind = "string"
+            end = sql.find(ch, i + 1)
+            while end != -1 and end + 1 < n and sql[end + 1] == ch:  # doubled quote escape
+                end = sql.find(ch, end + 2)
+            end = n if end == -1 else end + 1
+        elif sql.startswith("--", i):
+            kind = "comment"
+            end = sql.find("\n", i)
+            end = n if end == -1 else end
+        elif sql.startswith("/*", i):
+            kind = "comment"
+            end = sql.find("*/", i + 2)
+            end = n if end == -1 else end + 2
+        elif ch == "$" and (i == 0 or not (sql[i - 1].isalnum() or sql[i - 1] == "_")):
+            match = _DOLLAR.match(sql, i)
+            if match:
+                kind = "string"
+                end = sql.find(match.group(0), match.end())
+                end = n if end == -1 else end + len(match.group(0))
+        if not kind:
+            i += 1
+            continue
+        if i > start:
+            segments.append(("code", sql[start:i]))
+        segments.append((kind, sql[i:end]))
+        start = i = end
+    if start < n:
+        segments.append(("code", sql[start:]))
+    return segments
+
+
 def split_parameters(sql: str) -> SqlText:
     """Find `:name` parameters outside quotes and comments; `::type` casts are not params."""
     parts: list[str] = []
     params: list[str] = []
-    start = 0
-    i = 0
-    n = len(sql)
-    while i < n:
-        ch = sql[i]
-        if ch in ("'", '"'):
-            end = sql.find(ch, i + 1)
-            while end != -1 and end + 1 < n and sql[end + 1] == ch:  # doubled quote escape
-                end = sql.find(ch, end + 2)
-            i = n if end == -1 else end + 1
-        elif sql.startswith("--", i):
-            end = sql.find("\n", i)
-            i = n if end == -1 else end
-        elif sql.startswith("/*", i):
-            end = sql.find("*/", i + 2)
-            i = n if end == -1 else end + 2
-        elif ch == ":" and sql.startswith("::", i):
-            i += 2
-        elif ch == ":" and (match := _IDENT.match(sql, i + 1)) and (i == 0 or sql[i - 1] != ":"):
-            parts.append(sql[start:i])
-            params.append(match.group(0))
-            i = start = match.end()
-        else:
-            i += 1
-    parts.append(sql[start:])
+    current: list[str] = []
+    for kind, text in scan(sql):
+        if kind != "code":
+            current.append(text)
+            continue
+        i = last = 0
+        while i < len(text):
+            if text.startswith("::", i):
+                i += 2
+            elif text[i] == ":" and (match := _IDENT.match(text, i + 1)):
+                current.append(text[last:i])
+                parts.append("".join(current))
+                current = []
+                params.append(match.group(0))
+                i = last = match.end()
+            else:
+                i += 1
+        current.append(text[last:])
+    parts.append("".join(current))
     return SqlText(tuple(parts), tuple(params))
+
+
+def _masked(sql: str, *, strings: bool) -> str:
+    """The SQL with comments blanked (and, with `strings`, quoted text replaced by x), the
+    same length, so positions found in it are positions in the original."""
+    pieces = []
+    for kind, text in scan(sql):
+        if kind == "code" or (kind == "string" and not strings):
+            pieces.append(text)
+        elif kind == "comment":
+            pieces.append(" " * len(text))
+        else:
+            pieces.append(text[0] + "x" * (len(text) - 2) + text[-1] if len(text) > 1 else "x")
+    return "".join(pieces)
 
 
 def selected_columns(sql: str) -> list[str] | None:
     """Output names of the top-level SELECT list (`expr as alias` -> alias), or None when a
     column cannot be named (e.g. `*` or an unaliased expression)."""
-    text = _strip_comments(sql)
-    lowered = text.lower()
+    masked = _masked(sql, strings=True)  # for keywords, commas and parentheses
+    code = _masked(sql, strings=False)  # for names, which may be "quoted"
+    lowered = masked.lower()
     depth = 0
     select_at = from_at = -1
     for match in re.finditer(r"\(|\)|\bselect\b|\bfrom\b", lowered):
@@ -102,12 +156,14 @@ def selected_columns(sql: str) -> list[str] | None:
             break
     if select_at < 0 or from_at < 0:
         return None
-    body = re.sub(r"^\s*distinct\b", "", text[select_at:from_at], flags=re.IGNORECASE)
+    distinct = re.match(r"\s*distinct\b", lowered[select_at:from_at])
+    if distinct:
+        select_at += distinct.end()
     columns = []
-    for item in _split_top_level(body):
-        item = item.strip()
+    for begin, finish in _top_level_items(masked, select_at, from_at):
+        item = code[begin:finish].strip()
         alias = re.search(r"\bas\s+\"?([A-Za-z_]\w*)\"?\s*$", item, flags=re.IGNORECASE)
-        if alias:
+        if alias and re.search(r"\bas\s+\S+\s*$", masked[begin:finish], flags=re.IGNORECASE):
             columns.append(alias.group(1))
         elif re.fullmatch(r"(?:[A-Za-z_]\w*\.)?\"?([A-Za-z_]\w*)\"?", item):
             columns.append(item.split(".")[-1].strip('"'))
@@ -116,31 +172,22 @@ def selected_columns(sql: str) -> list[str] | None:
     return columns
 
 
-def _strip_comments(sql: str) -> str:
-    sql = re.sub(r"/\*.*?\*/", " ", sql, flags=re.DOTALL)
-    return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
-
-
-def _split_top_level(body: str) -> list[str]:
-    items, depth, current, quote = [], 0, [], ""
-    for ch in body:
-        if quote:
-            current.append(ch)
-            quote = "" if ch == quote else quote
-            continue
-        if ch in ("'", '"'):
-            quote = ch
-        elif ch == "(":
+def _top_level_items(masked: str, start: int, end: int) -> list[tuple[int, int]]:
+    """Spans of the comma-separated items between start and end, outside parentheses."""
+    spans = []
+    depth = 0
+    begin = start
+    for index in range(start, end):
+        ch = masked[index]
+        if ch == "(":
             depth += 1
         elif ch == ")":
             depth -= 1
         elif ch == "," and depth == 0:
-            items.append("".join(current))
-            current = []
-            continue
-        current.append(ch)
-    items.append("".join(current))
-    return items
+            spans.append((begin, index))
+            begin = index + 1
+    spans.append((begin, end))
+    return spans
 
 
 class SqlResolver:
@@ -227,7 +274,7 @@ class SqlPlan:
 
     resolver: SqlResolver
     key_param: str  # the parameter that identifies the entity (:id or :user_id)
-    key_column: str | None  # output column holding the key, to map a batch's rows back
+    key_column: str | None  # the selected column holding the key (batches need it)
     rows: bool  # True: rows fill a has-many feature; False: one row gives scalar features
     params: tuple[str, ...]  # parameter name per resolver input, in input order
     batch: SqlText | None  # the text with `col IN (:__keys__)` when a batch can be pushed down
@@ -256,8 +303,8 @@ class SqlRunner:
                 for start in range(0, len(keys), MAX_BATCH):
                     chunk = keys[start : start + MAX_BATCH]
                     rows = await self.fetch_batch(chunk, calls[0])
-                    for row in rows:
-                        found.setdefault(_norm(row.get(plan.key_column or "")), []).append(row)
+                    for row in rows:  # rows are keyed by feature names by now
+                        found.setdefault(_norm(row.get(plan.key_param)), []).append(row)
             except Exception as error:  # the database's failure becomes each row's error
                 for index in range(len(calls)):
                     results[index] = (False, error)
@@ -266,14 +313,21 @@ class SqlRunner:
                 results[index] = self.shape(found.get(_norm(call[key_index]), []), call, key_index)
             return
 
-        async def one(index: int) -> None:
-            try:
-                rows = await self.fetch_one(calls[index])
-                results[index] = self.shape(rows, calls[index], key_index)
-            except Exception as error:  # the database's failure becomes this row's error
-                results[index] = (False, error)
+        # One statement per distinct set of arguments, run concurrently.
+        distinct: dict[tuple[Any, ...], list[int]] = {}
+        for index, call in enumerate(calls):
+            distinct.setdefault(tuple(_norm(v) for v in call), []).append(index)
 
-        await asyncio.gather(*(one(i) for i in range(len(calls))))
+        async def one(indexes: list[int]) -> None:
+            call = calls[indexes[0]]
+            try:
+                result = self.shape(await self.fetch_one(call), call, key_index)
+            except Exception as error:  # the database's failure becomes these rows' error
+                result = (False, error)
+            for index in indexes:
+                results[index] = result
+
+        await asyncio.gather(*(one(indexes) for indexes in distinct.values()))
 
     def shape(
         self, rows: list[dict[str, Any]], call: list[Any], key_index: int
@@ -320,6 +374,9 @@ class SqlRunner:
         return await self.fetch("".join(pieces), params)
 
     async def fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        if self.source.dialect == "sqlite":
+            # SQLite has no time type; projects store ISO 8601 text, which compares in order.
+            params = [p.isoformat() if isinstance(p, datetime | date) else p for p in params]
         columns, rows = await self.source.fetch(sql, params)
         names = [self.plan.columns.get(c, c) for c in columns]
         return [dict(zip(names, row, strict=True)) for row in rows]

@@ -7,6 +7,7 @@ now - observed_at <= max_staleness), a store only keeps the newest value it was 
 from __future__ import annotations
 
 import copy
+import re
 import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -75,8 +76,57 @@ class MemoryOnlineStore:
 
 
 def online_store_from_url(url: str) -> OnlineStore:
-    """`memory://` today; SQLite files and Redis plug in here by URL scheme."""
-    scheme = url.partition("://")[0]
+    """The online store a URL names.
+
+    `memory://` (in this process), `sqlite:///relative/path.db` or `sqlite:////abs/path.db`
+    (a SQLite file), `redis://host:port/db` or `rediss://...` (Redis; `?prefix=name` sets the
+    key prefix, default `kairos`).
+
+    >>> online_store_from_url("memory://")  # doctest: +ELLIPSIS
+    <kairos.stores.online.MemoryOnlineStore object at ...>
+    """
+    scheme = url.partition(":")[0].lower() if ":" in url else ""
     if scheme == "memory":
         return MemoryOnlineStore()
-    raise KairosError(f"online store URL {url!r} is not supported; use 'memory://'")
+    if scheme == "sqlite":
+        from kairos.stores.sqlite_online import SQLiteOnlineStore
+
+        path = url[len("sqlite:///") :] if url[: len("sqlite:///")].lower() == "sqlite:///" else ""
+        if not path:
+            raise KairosError(
+                f"online store URL {redact_url(url)!r} names no file; use "
+                "sqlite:///relative/path.db or sqlite:////absolute/path.db"
+            )
+        return SQLiteOnlineStore(path)
+    if scheme in ("redis", "rediss"):
+        from kairos.stores.redis_online import RedisOnlineStore
+
+        return RedisOnlineStore(url)
+    named = f"scheme {scheme!r}" if scheme else "no scheme"
+    raise KairosError(
+        f"online store URL {redact_url(url)!r} has {named}; supported: 'memory://', "
+        "'sqlite:///path/to/online.db', 'redis://host:port/db' (or 'rediss://')"
+    )
+
+
+# `?password=...` and the like: query parameters that carry a secret
+_SECRET_PARAMETER = re.compile(
+    r"((?:^|[?&;])[^=&;]*(?:password|passwd|secret|token)[^=&;]*)=[^&;#]*", re.I
+)
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password (and any secret query parameter) replaced by `***`.
+
+    >>> redact_url("redis://app:s3cret@cache:6379/0")
+    'redis://app:***@cache:6379/0'
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # no scheme: all of it may be an address with credentials
+        scheme, rest = "", url
+    userinfo, at, address = rest.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        rest = f"{user}:***@{address}" if colon else f"***@{address}"
+    rest = _SECRET_PARAMETER.sub(r"\1=***", rest)
+    return f"{scheme}{sep}{rest}"

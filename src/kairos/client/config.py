@@ -1,0 +1,123 @@
+"""Project configuration: `kairos.yaml` next to the project's modules.
+
+    sources:
+      bank: sqlite:///data/fraud.db
+      warehouse: postgresql://kairos:${PG_PASSWORD}@db:5432/bank
+    online_store: redis://127.0.0.1:6379/0     # default memory://
+    query_log: sqlite:///.kairos/query_log.db   # default for a project folder
+    resolver_timeout: 5s
+    server:
+      host: 127.0.0.1
+      port: 8000
+      keys: ["${KAIROS_API_KEY}"]              # bearer tokens; none = localhost only
+
+`${VAR}` is read from the environment when the project loads; secrets are never logged.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kairos.definitions.durations import parse_duration
+from kairos.errors import KairosError, ProjectError
+
+CONFIG_FILE = "kairos.yaml"
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_KEYS = {"sources", "online_store", "query_log", "resolver_timeout", "server"}
+_SERVER_KEYS = {"host", "port", "keys"}
+
+
+def interpolate(text: str, where: str) -> str:
+    """Replace `${VAR}` with the environment variable's value."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise KairosError(f"{where} uses ${{{name}}}, which is not set in the environment")
+        return os.environ[name]
+
+    return _VARIABLE.sub(value, text)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    keys: tuple[str, ...] = field(default=(), repr=False)  # secrets: kept out of repr
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a client and server need besides the definitions themselves."""
+
+    base_dir: Path | None = None
+    sources: Mapping[str, Any] = field(default_factory=dict)  # name -> URL or mapping
+    online_store: str = "memory://"
+    query_log: str = "none://"
+    resolver_timeout: timedelta = timedelta(seconds=10)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    @classmethod
+    def load(cls, folder: Path) -> Config:
+        """Read `kairos.yaml` in `folder`; a folder without one gets embedded defaults."""
+        path = folder / CONFIG_FILE
+        defaults = cls(
+            base_dir=folder, query_log=f"sqlite:///{folder / '.kairos' / 'query_log.db'}"
+        )
+        if not path.exists():
+            return defaults
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark is not None else ""
+            raise ProjectError(f"{path}{line}: not valid YAML ({error}); fix the file") from None
+        if not isinstance(raw, dict):
+            raise ProjectError(f"{path}: expected a mapping of settings at the top level")
+        unknown = set(raw) - _KEYS
+        if unknown:
+            raise ProjectError(
+                f"{path}: unknown setting(s) {', '.join(sorted(unknown))}; known: "
+                + ", ".join(sorted(_KEYS))
+            )
+        sources = raw.get("sources") or {}
+        if not isinstance(sources, dict):
+            raise ProjectError(f"{path}: `sources` maps names to URLs, e.g. bank: sqlite:///x.db")
+        server = raw.get("server") or {}
+        if not isinstance(server, dict) or set(server) - _SERVER_KEYS:
+            raise ProjectError(f"{path}: `server` takes {', '.join(sorted(_SERVER_KEYS))}")
+        keys = server.get("keys") or []
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise ProjectError(f"{path}: `server.keys` is a list of strings")
+        return cls(
+            base_dir=folder,
+            sources=dict(sources),
+            online_store=_url(raw.get("online_store", defaults.online_store), folder, path),
+            query_log=_url(raw.get("query_log", defaults.query_log), folder, path),
+            resolver_timeout=parse_duration(
+                raw.get("resolver_timeout", "10s"), field=f"{path} resolver_timeout"
+            ),
+            server=ServerConfig(
+                host=str(server.get("host", "127.0.0.1")),
+                port=int(server.get("port", 8000)),
+                keys=tuple(interpolate(k, f"{path} server.keys") for k in keys),
+            ),
+        )
+
+
+def _url(value: Any, folder: Path, path: Path) -> str:
+    if not isinstance(value, str):
+        raise ProjectError(f"{path}: store URLs are strings, got {value!r}")
+    text = interpolate(value, str(path))
+    # sqlite:///relative/path is relative to the project folder, not the working directory
+    if text.startswith("sqlite:///") and not text.startswith("sqlite:////"):
+        text = f"sqlite:///{folder / text[len('sqlite:///') :]}"
+    return text

@@ -1,0 +1,390 @@
+"""Routes of the HTTP server, declared as one list; each handler parses, calls the client,
+formats. Bad input is a 4xx with a JSON body naming the field and the fix, never a 500."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from kairos.client.client import Client
+from kairos.client.config import ServerConfig
+from kairos.engine.result import BulkResult, QueryResult
+from kairos.errors import InvalidInput, KairosError, PlanError, UnknownFeature
+from kairos.server.metrics import Metrics
+from kairos.server.openapi import openapi_document
+
+MAX_BODY = 4 * 1024 * 1024
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class HTTPProblem(Exception):
+    """An error answered with a status and a JSON body; never a stack trace."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(
+        orjson.dumps(body, default=_default, option=orjson.OPT_NON_STR_KEYS),
+        status_code=status,
+        media_type="application/json",
+    )
+
+
+def problem_response(problem: HTTPProblem) -> Response:
+    error: dict[str, Any] = {"code": problem.code, "message": problem.message}
+    if problem.field:
+        error["field"] = problem.field
+    return json_response({"error": error}, problem.status)
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        raise HTTPProblem(413, "too_large", f"the body is over {MAX_BODY} bytes")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise HTTPProblem(400, "malformed_json", f"the body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise HTTPProblem(422, "invalid_body", "the body must be a JSON object", "body")
+    return body
+
+
+def _outputs(body: dict[str, Any]) -> list[str]:
+    outputs = body.get("outputs")
+    if not isinstance(outputs, list) or not outputs or not all(isinstance(o, str) for o in outputs):
+        raise HTTPProblem(
+            422,
+            "invalid_body",
+            'outputs must be a non-empty list of feature names, e.g. ["user.risk"]',
+            "outputs",
+        )
+    return outputs
+
+
+def _inputs(body: dict[str, Any]) -> dict[str, Any]:
+    inputs = body.get("inputs")
+    if not isinstance(inputs, dict):
+        raise HTTPProblem(
+            422, "invalid_body", 'inputs must be an object, e.g. {"user.id": "u1"}', "inputs"
+        )
+    return inputs
+
+
+def _options(body: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(body) - {"inputs", "outputs", "now", "staleness", "query_id"}
+    if unknown:
+        name = sorted(unknown)[0]
+        raise HTTPProblem(
+            422,
+            "invalid_body",
+            f"unknown field {name!r}; use inputs, outputs, now, staleness, query_id",
+            name,
+        )
+    options: dict[str, Any] = {}
+    now = body.get("now")
+    if now is not None:
+        try:
+            options["now"] = datetime.fromisoformat(now) if isinstance(now, str) else None
+        except ValueError:
+            options["now"] = None
+        if options["now"] is None:
+            raise HTTPProblem(
+                422,
+                "invalid_body",
+                'now must be an ISO 8601 time, e.g. "2026-06-01T12:00:00Z"',
+                "now",
+            )
+    staleness = body.get("staleness")
+    if staleness is not None:
+        if not isinstance(staleness, dict) or not all(
+            isinstance(v, str | int | float) and not isinstance(v, bool) for v in staleness.values()
+        ):
+            raise HTTPProblem(
+                422,
+                "invalid_body",
+                'staleness maps features to durations, e.g. {"user.risk": "0s"}',
+                "staleness",
+            )
+        options["staleness"] = staleness
+    query_id = body.get("query_id")
+    if query_id is not None:
+        if not isinstance(query_id, str) or not 0 < len(query_id) <= 128:
+            raise HTTPProblem(
+                422, "invalid_body", "query_id is a string of 1-128 chars", "query_id"
+            )
+        options["query_id"] = query_id
+    return options
+
+
+def _error_status(error: KairosError) -> HTTPProblem:
+    code = type(error).__name__
+    if isinstance(error, UnknownFeature | InvalidInput | PlanError):
+        return HTTPProblem(422, code, str(error))
+    return HTTPProblem(400, code, str(error))
+
+
+def _feature_body(result: QueryResult) -> dict[str, Any]:
+    return {
+        name: {
+            "value": fv.value,
+            "observed_at": fv.observed_at,
+            "source": fv.source,
+            "cached": fv.cached,
+        }
+        for name, fv in result.features.items()
+    }
+
+
+def _trace(result: QueryResult | BulkResult) -> list[dict[str, Any]]:
+    return [
+        {
+            "node": t.node,
+            "kind": t.kind,
+            "label": t.label,
+            "start_ms": round(t.start_ms, 4),
+            "duration_ms": round(t.duration_ms, 4),
+            "rows": t.rows,
+            "status": t.status,
+        }
+        for t in result.trace
+    ]
+
+
+class Server:
+    """Holds the client, the metrics and the auth keys for the routes."""
+
+    def __init__(self, client: Client, config: ServerConfig) -> None:
+        self.client = client
+        self.keys = [k.encode() for k in config.keys]
+        self.metrics = Metrics()
+
+    def authorized(self, request: Request) -> bool:
+        if not self.keys:
+            return True
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return False
+        given = token.strip().encode()
+        return any(hmac.compare_digest(given, key) for key in self.keys)
+
+    def route(self, endpoint: str, handler: Handler, *, public: bool = False) -> Handler:
+        """Wrap a handler: auth, errors as JSON, metrics by endpoint."""
+
+        async def wrapped(request: Request) -> Response:
+            started = time.perf_counter()
+            try:
+                if not public and not self.authorized(request):
+                    raise HTTPProblem(
+                        401, "unauthorized", "send `Authorization: Bearer <key>` with a valid key"
+                    )
+                response = await handler(request)
+            except HTTPProblem as problem:
+                response = problem_response(problem)
+            except KairosError as error:
+                response = problem_response(_error_status(error))
+            except Exception as error:  # never a stack trace to the client
+                response = problem_response(
+                    HTTPProblem(500, "internal_error", f"internal error ({type(error).__name__})")
+                )
+            self.metrics.observe_request(
+                endpoint, response.status_code, time.perf_counter() - started
+            )
+            return response
+
+        return wrapped
+
+    async def query_online(self, request: Request) -> Response:
+        body = await read_json(request)
+        options = _options(body)
+        result = await self.client.query_async(_inputs(body), _outputs(body), **options)
+        self.metrics.observe_query(result.trace, result.meta.cache_hits, result.meta.computed)
+        return json_response(
+            {
+                "query_id": result.meta.query_id,
+                "now": result.meta.now,
+                "values": result.values,
+                "features": _feature_body(result),
+                "errors": [
+                    {"feature": e.feature, "code": e.code, "message": e.message}
+                    for e in result.errors
+                ],
+                "meta": {
+                    "duration_ms": result.meta.duration_ms,
+                    "cache_hits": result.meta.cache_hits,
+                    "computed": result.meta.computed,
+                },
+                "trace": _trace(result),
+            }
+        )
+
+    async def query_bulk(self, request: Request) -> Response:
+        body = await read_json(request)
+        options = _options(body)
+        inputs = _inputs(body)
+        if not all(isinstance(v, list) for v in inputs.values()):
+            raise HTTPProblem(
+                422,
+                "invalid_body",
+                'bulk inputs map each feature to a list, e.g. {"user.id": ["u1", "u2"]}',
+                "inputs",
+            )
+        result = await self.client.query_bulk_async(inputs, _outputs(body), **options)
+        self.metrics.observe_query(result.trace, result.meta.cache_hits, result.meta.computed)
+        return json_response(
+            {
+                "query_id": result.meta.query_id,
+                "now": result.meta.now,
+                "rows": len(result),
+                "values": result.values,
+                "errors": [
+                    {"feature": e.feature, "code": e.code, "message": e.message, "row": e.row}
+                    for e in result.errors
+                ],
+                "meta": {"duration_ms": result.meta.duration_ms},
+                "trace": _trace(result),
+            }
+        )
+
+    async def query_plan(self, request: Request) -> Response:
+        body = await read_json(request)
+        _options({k: v for k, v in body.items() if k not in ("now", "staleness", "query_id")})
+        inputs = body.get("inputs")
+        names = list(inputs) if isinstance(inputs, dict | list) else None
+        if names is None or not all(isinstance(n, str) for n in names):
+            raise HTTPProblem(
+                422, "invalid_body", 'inputs must list feature names, e.g. ["user.id"]', "inputs"
+            )
+        plan = self.client.plan(names, _outputs(body))
+        return json_response(
+            {
+                "explain": plan.explain(),
+                "nodes": [
+                    {
+                        "id": n.id,
+                        "kind": n.kind,
+                        "label": n.label,
+                        "reads": ["now" if a is None else a for a in n.args],
+                        "writes": list(n.outputs),
+                        "after": list(n.after),
+                    }
+                    for n in plan.nodes
+                ],
+            }
+        )
+
+    async def log_get(self, request: Request) -> Response:
+        query_id = request.path_params["query_id"]
+        record = await asyncio.to_thread(self.client.log.get, query_id)
+        if record is None:
+            raise HTTPProblem(404, "not_found", f"no logged query {query_id!r}", "query_id")
+        return json_response(
+            {
+                "query_id": record.query_id,
+                "now": record.now,
+                "inputs": record.inputs,
+                "outputs": {
+                    name: {
+                        "value": v.value,
+                        "observed_at": v.observed_at,
+                        "source": v.source,
+                        "version": v.version,
+                        "error_code": v.error_code,
+                        "error_message": v.error_message,
+                    }
+                    for name, v in record.outputs.items()
+                },
+                "duration_ms": record.duration_ms,
+                "trace": record.trace,
+                "logged_at": record.logged_at,
+            }
+        )
+
+    async def healthz(self, request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        problems = {}
+        for name, source in self.client.sources.items():
+            try:
+                await asyncio.wait_for(source.fetch("select 1", []), 2.0)
+            except Exception as error:  # report, do not crash the probe
+                problems[name] = f"{type(error).__name__}: {error}"
+        if problems:
+            return json_response({"status": "unavailable", "sources": problems}, 503)
+        return json_response({"status": "ready"})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def openapi(self, request: Request) -> Response:
+        return json_response(openapi_document())
+
+
+def create_app(
+    client: Client, config: ServerConfig | None = None, *, close_client: bool = False
+) -> Starlette:
+    """The ASGI app serving `client`; with `close_client`, shutting the app down closes the
+    client, which flushes the query log before the process exits."""
+    server = Server(client, config or client.config.server)
+    r = server.route
+    routes = [
+        Route("/v1/query/online", r("query_online", server.query_online), methods=["POST"]),
+        Route("/v1/query/bulk", r("query_bulk", server.query_bulk), methods=["POST"]),
+        Route("/v1/query/plan", r("query_plan", server.query_plan), methods=["POST"]),
+        Route("/v1/log/{query_id}", r("log_get", server.log_get), methods=["GET"]),
+        Route("/healthz", r("healthz", server.healthz, public=True), methods=["GET"]),
+        Route("/readyz", r("readyz", server.readyz, public=True), methods=["GET"]),
+        Route("/metrics", r("metrics", server.metrics_endpoint), methods=["GET"]),
+        Route("/openapi.json", r("openapi", server.openapi, public=True), methods=["GET"]),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return problem_response(HTTPProblem(404, "not_found", f"no route {request.url.path}"))
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return problem_response(
+            HTTPProblem(405, "method_not_allowed", f"{request.method} is not allowed here")
+        )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if close_client:
+            await client.aclose()
+            print("kairos stopped; query log flushed", file=sys.stderr, flush=True)
+
+    app = Starlette(
+        routes=routes,
+        exception_handlers={404: not_found, 405: not_allowed},
+        lifespan=lifespan,
+    )
+    app.state.server = server
+    return app

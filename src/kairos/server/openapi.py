@@ -1,0 +1,170 @@
+"""The OpenAPI document of the HTTP server (what `GET /openapi.json` returns)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "field": {"type": "string"},
+            },
+        }
+    },
+}
+
+_FEATURE_LIST = {"type": "array", "items": {"type": "string"}, "minItems": 1}
+_COMMON = {
+    "outputs": _FEATURE_LIST,
+    "now": {"type": "string", "format": "date-time"},
+    "staleness": {
+        "type": "object",
+        "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "number"}]},
+    },
+    "query_id": {"type": "string", "minLength": 1, "maxLength": 128},
+}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    text = {
+        400: "Malformed JSON or a bad option",
+        401: "Missing or wrong bearer token",
+        404: "Not found",
+        413: "Body too large",
+        422: "Unknown feature, wrong type, or a body that does not fit the schema",
+    }
+    return {
+        str(s): {
+            "description": text[s],
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+        for s in statuses
+    }
+
+
+def _post(summary: str, schema: str, example: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {"$ref": f"#/components/schemas/{schema}"},
+                        "example": example,
+                    }
+                },
+            },
+            "responses": {
+                "200": {
+                    "description": "OK",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                },
+                **_errors(400, 401, 413, 422),
+            },
+        }
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "kairos", "version": "0.1.0"},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": _ERROR,
+                "OnlineQuery": {
+                    "type": "object",
+                    "required": ["inputs", "outputs"],
+                    "additionalProperties": False,
+                    "properties": {"inputs": {"type": "object"}, **_COMMON},
+                },
+                "BulkQuery": {
+                    "type": "object",
+                    "required": ["inputs", "outputs"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "inputs": {
+                            "type": "object",
+                            "additionalProperties": {"type": "array"},
+                        },
+                        **_COMMON,
+                    },
+                },
+                "PlanQuery": {
+                    "type": "object",
+                    "required": ["inputs", "outputs"],
+                    "properties": {"inputs": _FEATURE_LIST, "outputs": _FEATURE_LIST},
+                },
+            },
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/query/online": _post(
+                "Compute features for one entity",
+                "OnlineQuery",
+                {"inputs": {"user.id": "u0001"}, "outputs": ["user.risk"]},
+            ),
+            "/v1/query/bulk": _post(
+                "Compute features for many entities in one plan run",
+                "BulkQuery",
+                {"inputs": {"user.id": ["u0001", "u0002"]}, "outputs": ["user.risk"]},
+            ),
+            "/v1/query/plan": _post(
+                "Explain the plan for inputs and outputs",
+                "PlanQuery",
+                {"inputs": ["user.id"], "outputs": ["user.risk"]},
+            ),
+            "/v1/log/{query_id}": {
+                "get": {
+                    "summary": "What a logged decision saw",
+                    "parameters": [
+                        {
+                            "name": "query_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "The logged query",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        },
+                        **_errors(401, 404),
+                    },
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "summary": "Alive",
+                    "security": [],
+                    "responses": {"200": {"description": "OK"}},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Sources reachable",
+                    "security": [],
+                    "responses": {
+                        "200": {"description": "Ready"},
+                        "503": {"description": "A source is unreachable"},
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "responses": {"200": {"description": "Metrics"}, **_errors(401)},
+                }
+            },
+        },
+    }

@@ -1,0 +1,495 @@
+"""The query log: every online query is appended and can be read back exactly.
+
+One test body per behaviour runs over SQLite (a file under tmp_path) and PostgreSQL (database
+`test`, a fresh table per test, dropped afterwards).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta, timezone
+from datetime import time as time_of_day
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from kairos.errors import KairosError
+from kairos.stores.query_log import (
+    BatchedQueryLog,
+    LoggedQuery,
+    LoggedValue,
+    NullQueryLog,
+    QueryLogError,
+    query_log_from_url,
+)
+
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+T0 = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
+
+
+@dataclass
+class Backend:
+    """A way to open logs on one backend, and to block its writer (a competing lock)."""
+
+    kind: str
+    url: str
+    lock_table: Callable[[], AbstractContextManager[None]]
+    drop_table: Callable[[], None]
+    opened: list[BatchedQueryLog]
+
+    def open(self, **settings: Any) -> BatchedQueryLog:
+        log = query_log_from_url(self.url, **settings)
+        assert isinstance(log, BatchedQueryLog)
+        self.opened.append(log)
+        return log
+
+
+def _pg_available() -> bool:
+    try:
+        psycopg.connect(PG_URL, connect_timeout=2).close()
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    opened: list[BatchedQueryLog] = []
+    if request.param == "sqlite":
+        path = tmp_path / "logs" / "query_log.db"
+
+        @contextmanager
+        def lock_sqlite() -> Iterator[None]:
+            conn = sqlite3.connect(path, isolation_level=None)
+            try:
+                conn.execute("BEGIN EXCLUSIVE")
+                yield
+                conn.execute("ROLLBACK")
+            finally:
+                conn.close()
+
+        def drop_sqlite() -> None:
+            with sqlite3.connect(path) as conn:
+                conn.execute("DROP TABLE kairos_query_log")
+            conn.close()
+
+        yield Backend("sqlite", f"sqlite:///{path}", lock_sqlite, drop_sqlite, opened)
+        for log in opened:
+            log.close()
+        return
+
+    if not _pg_available():
+        pytest.skip(f"PostgreSQL is not reachable at {PG_URL}")
+    table = f"kairos_qlog_test_{uuid.uuid4().hex[:12]}"
+
+    @contextmanager
+    def lock_pg() -> Iterator[None]:
+        with psycopg.connect(PG_URL) as conn:
+            conn.execute(
+                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(table))
+            )
+            yield
+            conn.rollback()
+
+    def drop_pg() -> None:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
+
+    try:
+        yield Backend("postgres", f"{PG_URL}?table={table}", lock_pg, drop_pg, opened)
+    finally:
+        for log in opened:
+            log.close()
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+
+
+def make_record(query_id: str, i: int = 0, *, now: datetime = T0) -> LoggedQuery:
+    return LoggedQuery(
+        query_id=query_id,
+        now=now,
+        inputs={"user.id": f"u{i}", "request.n": i},
+        outputs={
+            "user.balance": LoggedValue(
+                float(i) + 0.5, now - timedelta(seconds=i), "resolver:balance", "v1", None, None
+            ),
+            "user.txn_count[7d]": LoggedValue(i, now, "expression", None, None, None),
+        },
+        duration_ms=1.25 * i,
+        trace=[{"node": "balance", "ms": 0.5, "cached": i % 2 == 0}],
+        logged_at=now + timedelta(milliseconds=3),
+    )
+
+
+# Every kind of feature value the log must give back as the same type and value.
+EVERY_VALUE: dict[str, Any] = {
+    "none": None,
+    "true": True,
+    "false": False,
+    "zero": 0,
+    "negative": -7,
+    "big_int": 2**70,
+    "float": 0.1,
+    "whole_float": 1.0,
+    "negative_zero": -0.0,
+    "inf": math.inf,
+    "minus_inf": -math.inf,
+    "text": "héllo \x00 ✓ \"quoted\" \\ 'single'",
+    "empty_text": "",
+    "utc": datetime(2026, 1, 10, 12, 0, 0, 123456, tzinfo=UTC),
+    "offset": datetime(2026, 1, 10, 17, 30, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+    "naive": datetime(2026, 1, 10, 12, 0),
+    "date": date(2026, 1, 10),
+    "time": time_of_day(23, 59, 59, 999999),
+    "timedelta": timedelta(days=-1, seconds=5, microseconds=7),
+    "decimal": Decimal("12.340"),
+    "bytes": b"\x00\xffbin",
+    "tuple": (1, "a", None),
+    "list": [1, 2.5, "x", None, [True, {"deep": date(2020, 2, 29)}]],
+    "dict": {"a": 1, "b": {"c": [datetime(2025, 12, 31, 23, 59, tzinfo=UTC)]}},
+    "dollar_keys": {"$dt": "not a tag", "$map": [1]},
+    "int_keys": {1: "one", 2: "two"},
+    "has_many": [
+        {"id": "t1", "amount": 12.5, "status": "ok", "ts": T0 - timedelta(hours=1)},
+        {"id": "t2", "amount": -3.0, "status": "declined", "ts": T0 - timedelta(days=2)},
+    ],
+    "empty_rows": [],
+}
+
+
+def assert_same(got: Any, want: Any, path: str = "value") -> None:
+    """Equal *and* of the same type all the way down (1 == 1.0 == True would hide a change)."""
+    assert type(got) is type(want), f"{path}: {type(got).__name__} != {type(want).__name__}"
+    if isinstance(want, float) and math.isnan(want):
+        assert math.isnan(got), path
+    elif isinstance(want, float):
+        assert got == want and math.copysign(1, got) == math.copysign(1, want), path
+    elif isinstance(want, datetime):
+        assert got == want and got.utcoffset() == want.utcoffset(), f"{path}: {got!r} {want!r}"
+    elif isinstance(want, dict):
+        assert list(got) == list(want), f"{path}: keys {list(got)} != {list(want)}"
+        for key in want:
+            assert_same(got[key], want[key], f"{path}[{key!r}]")
+    elif isinstance(want, list | tuple):
+        assert len(got) == len(want), path
+        for index, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same(g, w, f"{path}[{index}]")
+    else:
+        assert got == want, f"{path}: {got!r} != {want!r}"
+
+
+def assert_same_record(got: LoggedQuery | None, want: LoggedQuery) -> None:
+    assert got is not None, f"{want.query_id!r} was not logged"
+    assert got.query_id == want.query_id
+    # `now`/`logged_at` are timestamp columns: the instant is kept (Postgres answers in UTC).
+    assert got.now == want.now and got.now.utcoffset() is not None
+    assert got.logged_at == want.logged_at and got.logged_at.utcoffset() is not None
+    assert got.duration_ms == want.duration_ms
+    assert_same(got.inputs, want.inputs, "inputs")
+    assert_same(got.trace, want.trace, "trace")
+    assert list(got.outputs) == list(want.outputs)
+    for name, out in want.outputs.items():
+        assert_same(got.outputs[name].value, out.value, f"outputs[{name!r}]")
+        assert got.outputs[name].observed_at == out.observed_at
+        assert (got.outputs[name].source, got.outputs[name].version) == (out.source, out.version)
+        assert got.outputs[name].error_code == out.error_code
+        assert got.outputs[name].error_message == out.error_message
+
+
+def test_every_value_type_round_trips_exactly(backend: Backend) -> None:
+    record = LoggedQuery(
+        query_id="q-every-type",
+        now=datetime(2026, 1, 10, 13, 0, 0, 1, tzinfo=timezone(timedelta(hours=1))),
+        inputs={"user.id": "u1", "$odd.input": 3, **EVERY_VALUE},
+        outputs={
+            **{
+                f"probe.{name}": LoggedValue(value, T0, "resolver:probe", "v7", None, None)
+                for name, value in EVERY_VALUE.items()
+            },
+            "user.nan": LoggedValue(math.nan, None, None, None, None, None),
+            "user.risk": LoggedValue(
+                None, None, "model:risk", "3", "timeout", "model 'risk' took longer than 50ms"
+            ),
+        },
+        duration_ms=12.345678901234,
+        trace=[{"node": "risk", "ms": 50.0, "error": "timeout"}, {"node": "probe", "rows": 2}],
+        logged_at=T0 + timedelta(microseconds=1),
+    )
+    log = backend.open()
+    log.append(record)
+    assert_same_record(log.get("q-every-type"), record)
+    assert log.get("q-missing") is None
+    log.close()
+
+    # A new log on the same table (as `kairos log show` in another process) reads it back.
+    reopened = backend.open()
+    assert_same_record(reopened.get("q-every-type"), record)
+
+
+def test_get_flushes_a_just_appended_record(backend: Backend) -> None:
+    # A writer that would otherwise wait 30 s for more records before writing a batch.
+    log = backend.open(max_wait=30.0, max_batch=10_000)
+    record = make_record("q-just-made", 3)
+    started = time.monotonic()
+    log.append(record)
+    assert_same_record(log.get("q-just-made"), record)
+    assert time.monotonic() - started < 5.0
+
+
+def test_recent_is_newest_first(backend: Backend) -> None:
+    log = backend.open()
+    for i in range(5):
+        log.append(make_record(f"q{i}", i))
+    assert [r.query_id for r in log.recent(3)] == ["q4", "q3", "q2"]
+    assert [r.query_id for r in log.recent()] == ["q4", "q3", "q2", "q1", "q0"]
+    assert_same_record(log.recent(1)[0], make_record("q4", 4))
+
+
+def test_appends_are_written_in_batches(backend: Backend) -> None:
+    log = backend.open(max_queue=5000)
+    records = [make_record(f"q{i:04d}", i) for i in range(2000)]
+    for record in records:
+        log.append(record)
+    log.flush()
+    assert log.dropped == 0
+    assert log.records_written == 2000
+    assert 1 <= log.batches_written <= 2000 // 20, log.batches_written
+    stored = log.recent(limit=5000)
+    assert [r.query_id for r in stored] == [r.query_id for r in reversed(records)]
+    for i in (0, 999, 1999):
+        assert_same_record(log.get(f"q{i:04d}"), records[i])
+
+
+def test_a_full_queue_drops_instead_of_raising(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = backend.open(max_queue=5, max_batch=1, put_timeout=0.001)
+    with backend.lock_table():  # the writer blocks on its first batch; the queue fills up
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="kairos.stores.query_log"):
+            for i in range(50):
+                log.append(make_record(f"q{i}", i))
+        appended_in = time.monotonic() - started
+    log.flush()
+    assert log.dropped > 0
+    assert "dropped a record because its queue is full" in caplog.text
+    assert appended_in < 2.0  # each full-queue append waited ~put_timeout, not for the lock
+    kept = log.recent(limit=100)
+    assert len(kept) == 50 - log.dropped == log.records_written
+    for stored in kept:
+        assert_same_record(stored, make_record(stored.query_id, int(stored.query_id[1:])))
+
+
+def test_a_failing_database_is_reported_by_flush_not_raised_into_queries(
+    backend: Backend,
+) -> None:
+    log = backend.open(retry_for=0.2)
+    log.append(make_record("q-ok", 1))
+    log.flush()
+    backend.drop_table()
+    log.append(make_record("q-lost", 2))  # the query goes on
+    with pytest.raises(QueryLogError, match="could not write 1 records"):
+        log.flush()
+    assert log.lost == 1 and log.records_written == 1
+    log.append(make_record("q-lost-too", 3))  # the writer survived and keeps trying
+    with pytest.raises(QueryLogError, match="could not write 1 records"):
+        log.flush()
+    assert log.lost == 2
+
+
+def test_async_wrappers(backend: Backend) -> None:
+    log = backend.open()
+
+    async def main() -> tuple[LoggedQuery | None, list[LoggedQuery]]:
+        log.append(make_record("q-async", 1))
+        await log.aflush()
+        return await log.aget("q-async"), await log.arecent(1)
+
+    got, recent = asyncio.run(main())
+    assert_same_record(got, make_record("q-async", 1))
+    assert [r.query_id for r in recent] == ["q-async"]
+
+
+def test_close_flushes_and_later_appends_are_dropped(backend: Backend) -> None:
+    log = backend.open(max_wait=30.0, max_batch=10_000)
+    log.append(make_record("q-before-close", 1))
+    log.close()
+    log.close()  # twice is fine
+    log.append(make_record("q-after-close", 2))  # never raises into a query
+    assert log.dropped == 1
+    with pytest.raises(QueryLogError, match="closed"):
+        log.get("q-before-close")
+    reopened = backend.open()
+    assert_same_record(reopened.get("q-before-close"), make_record("q-before-close", 1))
+    assert reopened.get("q-after-close") is None
+
+
+def test_duplicate_query_id_keeps_the_first_record(backend: Backend) -> None:
+    log = backend.open()
+    log.append(make_record("q-dup", 1))
+    log.append(make_record("q-dup", 2))
+    log.append(make_record("q-other", 3))
+    assert_same_record(log.get("q-dup"), make_record("q-dup", 1))
+    assert_same_record(log.get("q-other"), make_record("q-other", 3))
+    assert log.lost == 0
+
+
+def test_unencodable_value_is_kept_as_its_repr(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = backend.open()
+    record = make_record("q-odd", 1)
+    odd = uuid.UUID(int=7)
+    record.inputs["odd"] = odd
+    with caplog.at_level(logging.WARNING, logger="kairos.stores.query_log"):
+        log.append(record)
+        got = log.get("q-odd")
+    assert got is not None
+    assert got.inputs == {**record.inputs, "odd": repr(odd)}
+    assert "UUID" in caplog.text
+
+
+# --- crash safety (SQLite file) ---------------------------------------------------------------
+
+CRASHING_WRITER = textwrap.dedent(
+    """
+    import itertools, sys
+    from datetime import UTC, datetime, timedelta
+    from kairos.stores.query_log import BatchedQueryLog, LoggedQuery, LoggedValue
+
+    T0 = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
+
+    def record(query_id, i):
+        rows = [{"id": f"t{i}-{n}", "amount": n * 1.5, "ts": T0 - timedelta(minutes=n)}
+                for n in range(20)]
+        return LoggedQuery(
+            query_id=query_id, now=T0, inputs={"user.id": f"u{i}", "i": i},
+            outputs={"user.transactions": LoggedValue(rows, T0, "sql:txns", "1", None, None)},
+            duration_ms=float(i), trace=[{"node": "txns", "i": i}], logged_at=T0)
+
+    log = BatchedQueryLog.sqlite(sys.argv[1], max_wait=0.001, max_batch=50)
+    for i in range(500):
+        log.append(record(f"flushed-{i}", i))
+    log.flush()
+    print("flushed", flush=True)
+    for i in itertools.count():
+        log.append(record(f"after-{i}", i))
+    """
+)
+
+
+def crash_record(query_id: str, i: int) -> LoggedQuery:
+    rows = [
+        {"id": f"t{i}-{n}", "amount": n * 1.5, "ts": T0 - timedelta(minutes=n)} for n in range(20)
+    ]
+    return LoggedQuery(
+        query_id=query_id,
+        now=T0,
+        inputs={"user.id": f"u{i}", "i": i},
+        outputs={"user.transactions": LoggedValue(rows, T0, "sql:txns", "1", None, None)},
+        duration_ms=float(i),
+        trace=[{"node": "txns", "i": i}],
+        logged_at=T0,
+    )
+
+
+def test_kill_9_keeps_every_flushed_record_and_no_half_rows(tmp_path: Path) -> None:
+    path = tmp_path / "crash" / "log.db"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_WRITER, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # it warns about drops once its queue fills
+        text=True,
+        env=env,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "flushed"
+        time.sleep(0.3)  # let it commit more batches; the kill lands mid-stream
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    conn.close()
+    with BatchedQueryLog.sqlite(path) as log:
+        for i in range(500):
+            assert_same_record(log.get(f"flushed-{i}"), crash_record(f"flushed-{i}", i))
+        stored = log.recent(limit=1_000_000)  # decodes every row there is
+        after = [r for r in stored if r.query_id.startswith("after-")]
+        assert len(stored) == 500 + len(after)
+        for record in after:
+            assert_same_record(record, crash_record(record.query_id, int(record.query_id[6:])))
+
+
+# --- URLs ---------------------------------------------------------------------------------------
+
+
+def test_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert isinstance(query_log_from_url("none://"), NullQueryLog)
+    null = query_log_from_url("none://")
+    null.append(make_record("q", 1))
+    assert null.get("q") is None and null.recent() == []
+
+    monkeypatch.chdir(tmp_path)
+    relative = query_log_from_url("sqlite:///rel/dir/log.db")
+    try:
+        relative.append(make_record("q-rel", 1))
+        relative.flush()
+    finally:
+        relative.close()
+    assert (tmp_path / "rel" / "dir" / "log.db").exists()
+
+    absolute = tmp_path / "abs" / "log.db"
+    log = query_log_from_url(f"sqlite:///{absolute}?table=other_log")
+    try:
+        log.append(make_record("q-abs", 1))
+        assert_same_record(log.get("q-abs"), make_record("q-abs", 1))
+    finally:
+        log.close()
+    with sqlite3.connect(absolute) as conn:
+        assert conn.execute("SELECT query_id FROM other_log").fetchall() == [("q-abs",)]
+    conn.close()
+
+
+def test_url_errors_name_the_scheme_and_hide_the_password() -> None:
+    with pytest.raises(KairosError, match="'mysql'") as unsupported:
+        query_log_from_url("mysql://bob:s3cret@db.example/prod")
+    assert "s3cret" not in str(unsupported.value)
+    assert "bob:***@db.example" in str(unsupported.value)
+
+    with pytest.raises(KairosError, match="no scheme"):
+        query_log_from_url("query_log.db")
+    with pytest.raises(KairosError, match="file path"):
+        query_log_from_url("sqlite:///:memory:")
+    with pytest.raises(KairosError, match="not allowed"):
+        query_log_from_url("sqlite:///x.db?table=drop table")
+
+    with pytest.raises(QueryLogError) as unreachable:
+        query_log_from_url("postgresql://postgres:s3cret@127.0.0.1:1/test?table=t")
+    assert "s3cret" not in str(unreachable.value)
+    assert unreachable.value.__cause__ is None
