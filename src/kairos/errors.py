@@ -29,7 +29,11 @@ class UnknownFeature(KairosError, KeyError):
 
 
 class InvalidInput(KairosError, ValueError):
-    """A query input has the wrong type, shape or value."""
+    """A query input has the wrong type, shape or value; `field` names the part at fault."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class InvalidValue(KairosError, ValueError):

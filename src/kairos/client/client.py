@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
+import re
 import threading
 import time
 import uuid
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,7 +25,7 @@ from kairos.engine.execution import Engine
 from kairos.engine.result import BulkResult, FeatureValue, NodeTiming, QueryMeta, QueryResult
 from kairos.engine.rows import normalize_rows
 from kairos.engine.values import check, to_utc
-from kairos.errors import InvalidInput, InvalidValue, KairosError
+from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError
 from kairos.planner.plan import Plan
 from kairos.planner.planner import Planner
 from kairos.resolvers.registry import ResolverSet
@@ -254,6 +255,8 @@ class Client:
         started = time.perf_counter()
         if isinstance(output, str | bytes) or not isinstance(output, Sequence | set | frozenset):
             raise InvalidInput("output must be a list of features, e.g. output=[User.balance]")
+        if query_id is not None:
+            await self._check_query_id(query_id)
         when = _now(now)
         plan = self.planner.plan(columns, [self.name(o) for o in output])
         for name, values in columns.items():
@@ -266,11 +269,8 @@ class Client:
                         values[index] = check(info, value, allow_null=False)
                 except InvalidValue as error:
                     row = f" (row {index})" if rows > 1 else ""
-                    raise InvalidInput(f"input {name!r}{row}: {error}") from None
-        limits = {
-            self.name(k): parse_duration(v, field=f"staleness[{self.name(k)!r}]")
-            for k, v in (staleness or {}).items()
-        }
+                    raise InvalidInput(f"input {name!r}{row}: {error}", field=name) from None
+        limits = self._staleness(staleness)
         outcome = await self.engine.run(plan, columns, rows, when, limits)
         total = (time.perf_counter() - started) * 1000
         trace = [*outcome.trace, NodeTiming(None, "query", "total", 0.0, total, rows, "ok")]
@@ -281,6 +281,30 @@ class Client:
         if self._logging:
             self._log(plan, columns, result)
         return result
+
+    def _staleness(self, staleness: Mapping[Any, DurationLike] | None) -> dict[str, timedelta]:
+        limits = {}
+        for key, value in (staleness or {}).items():
+            name = self.name(key)
+            self.graph.info(self.graph.ref(name))  # an unknown feature is an error, not ignored
+            try:
+                limits[name] = parse_duration(value, field=f"staleness[{name!r}]")
+            except DefinitionError as error:
+                raise InvalidInput(str(error), field="staleness") from None
+        return limits
+
+    async def _check_query_id(self, query_id: str) -> None:
+        """A caller's query id names one decision: it must be readable back and unused."""
+        if not isinstance(query_id, str) or not _QUERY_ID.fullmatch(query_id):
+            raise InvalidInput(
+                f"query_id {query_id!r} must be 1-128 letters, digits or . _ ~ : -",
+                field="query_id",
+            )
+        if self._logging and await asyncio.to_thread(self.log.get, query_id) is not None:
+            raise InvalidInput(
+                f"query_id {query_id!r} was already used; each query id names one decision",
+                field="query_id",
+            )
 
     def _log(self, plan: Plan, inputs: dict[str, list[Any]], result: BulkResult) -> None:
         """Append each entity's decision to the query log (off the hot path: a queue)."""
@@ -380,6 +404,9 @@ class Client:
         self.close()
 
 
+_QUERY_ID = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
+
+
 def _version(plan: Plan, column: str) -> str | None:
     """The version of the code that computes `column` in this plan."""
     node = plan.node(column)
@@ -397,4 +424,7 @@ def _now(now: datetime | None) -> datetime:
         return datetime.now(UTC)
     if not isinstance(now, datetime):
         raise InvalidInput(f"now={now!r} must be a datetime")
-    return to_utc(now)
+    try:
+        return to_utc(now)
+    except InvalidValue as error:
+        raise InvalidInput(f"now: {error}", field="now") from None

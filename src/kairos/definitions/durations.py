@@ -33,14 +33,14 @@ def parse_duration(value: DurationLike, *, field: str = "duration") -> timedelta
             )
         if value < 0:
             raise DefinitionError(f"{field}={value!r} is negative; durations are >= 0")
-        return timedelta(seconds=value)
+        return _seconds(value, field, value)
     if isinstance(value, str):
         text = value.strip().lower()
         if text in ("infinity", "inf", "forever"):
             return INFINITY
         if text and _PART.sub("", text) == "":
             seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
-            return timedelta(seconds=seconds)
+            return _seconds(seconds, field, value)
     raise DefinitionError(
         f"{field}={value!r} is not a duration; write e.g. '30s', '5m', '1h30m', '7d' or 'infinity'"
     )
@@ -61,3 +61,13 @@ def format_duration(value: timedelta) -> str:
     if total_ms:
         parts.append(f"{total_ms}ms")
     return "".join(parts)
+
+
+def _seconds(seconds: float, field: str, written: object) -> timedelta:
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise DefinitionError(
+            f"{field}={written!r} is longer than kairos can represent; write 'infinity' for "
+            "no limit"
+        ) from None

@@ -16,7 +16,15 @@ from kairos.errors import InvalidValue
 
 
 def to_utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    """The same instant in UTC (a naive time is taken to be UTC already)."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidValue(
+            f"{value.isoformat()} is outside the range of times kairos can handle in UTC"
+        ) from None
 
 
 def coerce(vt: ValueType, value: Any) -> Any:

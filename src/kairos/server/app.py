@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,23 +22,35 @@ from starlette.routing import Route
 from kairos.client.client import Client
 from kairos.client.config import ServerConfig
 from kairos.engine.result import BulkResult, QueryResult
-from kairos.errors import InvalidInput, KairosError, PlanError, UnknownFeature
+from kairos.errors import DefinitionError, InvalidInput, KairosError, PlanError, UnknownFeature
 from kairos.server.metrics import Metrics
 from kairos.server.openapi import openapi_document
+from kairos.sources.errors import SourceError
+from kairos.stores.query_log import QueryLogError
+from kairos.stores.redis_online import OnlineStoreUnavailable
 
 MAX_BODY = 4 * 1024 * 1024
+QUERY_ID = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
 Handler = Callable[[Request], Awaitable[Response]]
 
 
 class HTTPProblem(Exception):
     """An error answered with a status and a JSON body; never a stack trace."""
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.field = field
+        self.headers = headers or {}
 
 
 def _default(value: Any) -> Any:
@@ -60,10 +73,15 @@ def problem_response(problem: HTTPProblem) -> Response:
     error: dict[str, Any] = {"code": problem.code, "message": problem.message}
     if problem.field:
         error["field"] = problem.field
-    return json_response({"error": error}, problem.status)
+    response = json_response({"error": error}, problem.status)
+    response.headers.update(problem.headers)
+    return response
 
 
 async def read_json(request: Request) -> dict[str, Any]:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise HTTPProblem(413, "too_large", f"the body is over {MAX_BODY} bytes")
     raw = await request.body()
     if len(raw) > MAX_BODY:
         raise HTTPProblem(413, "too_large", f"the body is over {MAX_BODY} bytes")
@@ -135,9 +153,12 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
         options["staleness"] = staleness
     query_id = body.get("query_id")
     if query_id is not None:
-        if not isinstance(query_id, str) or not 0 < len(query_id) <= 128:
+        if not isinstance(query_id, str) or not QUERY_ID.fullmatch(query_id):
             raise HTTPProblem(
-                422, "invalid_body", "query_id is a string of 1-128 chars", "query_id"
+                422,
+                "invalid_body",
+                "query_id is 1-128 letters, digits or . _ ~ : - (it names one decision)",
+                "query_id",
             )
         options["query_id"] = query_id
     return options
@@ -145,8 +166,10 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
 
 def _error_status(error: KairosError) -> HTTPProblem:
     code = type(error).__name__
-    if isinstance(error, UnknownFeature | InvalidInput | PlanError):
-        return HTTPProblem(422, code, str(error))
+    if isinstance(error, UnknownFeature | InvalidInput | PlanError | DefinitionError):
+        return HTTPProblem(422, code, str(error), getattr(error, "field", None))
+    if isinstance(error, SourceError | QueryLogError | OnlineStoreUnavailable):
+        return HTTPProblem(503, code, str(error))  # our backend failed, not the request
     return HTTPProblem(400, code, str(error))
 
 
@@ -203,7 +226,10 @@ class Server:
             try:
                 if not public and not self.authorized(request):
                     raise HTTPProblem(
-                        401, "unauthorized", "send `Authorization: Bearer <key>` with a valid key"
+                        401,
+                        "unauthorized",
+                        "send `Authorization: Bearer <key>` with a valid key",
+                        headers={"WWW-Authenticate": 'Bearer realm="kairos"'},
                     )
                 response = await handler(request)
             except HTTPProblem as problem:
@@ -370,8 +396,14 @@ def create_app(
         return problem_response(HTTPProblem(404, "not_found", f"no route {request.url.path}"))
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
+        allowed = getattr(exc, "headers", None) or {}
         return problem_response(
-            HTTPProblem(405, "method_not_allowed", f"{request.method} is not allowed here")
+            HTTPProblem(
+                405,
+                "method_not_allowed",
+                f"{request.method} is not allowed here",
+                headers={"Allow": allowed["Allow"]} if "Allow" in allowed else None,
+            )
         )
 
     @contextlib.asynccontextmanager

@@ -1,0 +1,144 @@
+"""Bearer keys: with keys configured every /v1 route and /metrics need one, the probes and the
+OpenAPI document stay public, and no key is ever echoed. `kairos serve` will not expose a
+server beyond loopback without keys."""
+
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import kairos as kr
+from kairos.cli.serve import serve
+from kairos.client.config import ServerConfig
+from kairos.errors import KairosError
+from kairos.server import create_app
+from tests.server.fraud import PROJECT, error_of, online_body
+
+KEY = "secret-key"
+# (method, path, JSON body) of every route that needs a key
+PROTECTED: list[tuple[str, str, Any]] = [
+    ("POST", "/v1/query/online", online_body("u0001", ["user.name"])),
+    ("POST", "/v1/query/bulk", {"inputs": {"user.id": ["u0001"]}, "outputs": ["user.name"]}),
+    ("POST", "/v1/query/plan", {"inputs": ["user.id"], "outputs": ["user.risk"]}),
+    ("GET", "/v1/log/some-query", None),
+    ("GET", "/metrics", None),
+]
+PUBLIC = ["/healthz", "/readyz", "/openapi.json"]
+WRONG: list[dict[str, Any]] = [
+    {},
+    {"authorization": "Bearer secret-kez"},
+    {"authorization": f"Bearer {KEY}x"},
+    {"authorization": f"Basic {KEY}"},
+    {"authorization": KEY},
+    {"authorization": "Bearer "},
+    {"authorization": f"Bearer{KEY}"},
+    {"x-api-key": KEY},
+    {"authorization": b"Bearer \xe9t\xe9"},  # not ASCII: still a 401, not a 500
+]
+
+
+@pytest.fixture
+async def secured(client: kr.Client) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(client, ServerConfig(keys=(KEY, "second-key")))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        yield http
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("method", "path", "body"), PROTECTED)
+async def test_protected_routes_need_a_valid_bearer_key(
+    secured: httpx.AsyncClient, method: str, path: str, body: Any
+) -> None:
+    for headers in WRONG:
+        response = await secured.request(method, path, json=body, headers=headers)
+        error = error_of(response, 401)
+        assert error["code"] == "unauthorized", headers
+        assert "Bearer" in error["message"]
+    # a bad body without a key is still a 401: nothing is parsed before the key is checked
+    error_of(await secured.request(method, path, content=b"{nope"), 401)
+
+    for header in (f"Bearer {KEY}", f"bearer {KEY}", "Bearer second-key", f"Bearer  {KEY} "):
+        response = await secured.request(method, path, json=body, headers={"authorization": header})
+        expected = 404 if path.startswith("/v1/log/") else 200
+        assert response.status_code == expected, (header, response.text)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path", PUBLIC)
+async def test_probes_and_the_openapi_document_stay_public(
+    secured: httpx.AsyncClient, path: str
+) -> None:
+    assert (await secured.get(path)).status_code == 200
+    assert (await secured.get(path, headers={"authorization": "Bearer wrong"})).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_a_401_says_how_to_authenticate(secured: httpx.AsyncClient) -> None:
+    response = await secured.get("/metrics")
+    assert response.status_code == 401
+    assert response.headers.get("www-authenticate", "").lower().startswith("bearer")
+
+
+@pytest.mark.anyio
+async def test_no_key_is_ever_echoed(secured: httpx.AsyncClient) -> None:
+    seen: list[httpx.Response] = []
+    attempts = [*WRONG[:-1], {"authorization": f"Bearer {KEY}"}]
+    for headers in attempts:
+        for method, path, body in PROTECTED:
+            seen.append(await secured.request(method, path, json=body, headers=headers))
+        for path in PUBLIC:
+            seen.append(await secured.get(path, headers=headers))
+    # the key as a query input, and a wrong key as a query id: answered, never repeated
+    auth = {"authorization": f"Bearer {KEY}"}
+    seen.append(await secured.get("/v1/log/secret-kez", headers=auth))
+    seen.append(await secured.get("/metrics", headers=auth))
+
+    assert len(seen) == len(attempts) * (len(PROTECTED) + len(PUBLIC)) + 2
+    for response in seen:
+        text = response.text + " ".join(f"{k}: {v}" for k, v in response.headers.items())
+        assert KEY not in text, (response.request.url, text[:500])
+        assert "second-key" not in text
+    assert "secret-kez" in seen[-2].text  # the check above can see what a body repeats
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def nothing_listens_on(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.20", "api.example.com"])
+def test_serve_refuses_a_public_host_without_keys(fraud_db: Path, host: str) -> None:
+    port = free_port()
+    with pytest.raises(KairosError, match="without API keys") as raised:
+        serve(str(PROJECT), host, port)
+    assert host in str(raised.value)
+    assert "server.keys" in str(raised.value)  # the fix
+    assert nothing_listens_on(port)
+
+
+def test_kairos_serve_exits_2_with_the_reason(fraud_db: Path) -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "kairos.cli", "serve", str(PROJECT)]
+    done = subprocess.run(
+        [*command, "--host", "0.0.0.0", "--port", str(port)],
+        capture_output=True,
+        text=True,
+        timeout=60,  # a server that started would never exit by itself
+    )
+    assert done.returncode == 2, done
+    assert "refusing to serve on 0.0.0.0 without API keys" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "kairos serving" not in done.stdout
