@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
+import itertools
 import re
 import threading
 import time
@@ -108,6 +108,8 @@ class Client:
         self._loops_lock = threading.Lock()
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
+        self._id_prefix = uuid.uuid4().hex[:16]
+        self._id_counter = itertools.count(1)
 
     # --- names --------------------------------------------------------------------------
 
@@ -275,12 +277,22 @@ class Client:
         total = (time.perf_counter() - started) * 1000
         trace = [*outcome.trace, NodeTiming(None, "query", "total", 0.0, total, rows, "ok")]
         meta = QueryMeta(
-            query_id or uuid.uuid4().hex, when, total, rows, outcome.cache_hits, outcome.computed
+            query_id or self._new_query_id(),
+            when,
+            total,
+            rows,
+            outcome.cache_hits,
+            outcome.computed,
         )
         result = BulkResult(outcome.columns, meta, trace, self.name)
         if self._logging:
             self._log(plan, columns, result)
         return result
+
+    def _new_query_id(self) -> str:
+        """Unique without a syscall per query: a random 64-bit prefix per client, then a
+        counter, so one client's ids sort in the order its queries finished."""
+        return f"{self._id_prefix}{next(self._id_counter):016x}"
 
     def _staleness(self, staleness: Mapping[Any, DurationLike] | None) -> dict[str, timedelta]:
         limits = {}
@@ -309,7 +321,7 @@ class Client:
     def _log(self, plan: Plan, inputs: dict[str, list[Any]], result: BulkResult) -> None:
         """Append each entity's decision to the query log (off the hot path: a queue)."""
         meta = result.meta
-        versions = {name: _version(plan, name) for name in result.columns}
+        versions = plan.versions
         trace = [
             {
                 "node": t.node,
@@ -332,7 +344,9 @@ class Client:
                     col.values[row],
                     col.observed_at[row],
                     source,
-                    versions[name] if source not in (None, "cache", "input", "default") else None,
+                    versions.get(name)
+                    if source not in (None, "cache", "input", "default")
+                    else None,
                     error.code if error else None,
                     error.message if error else None,
                 )
@@ -405,18 +419,6 @@ class Client:
 
 
 _QUERY_ID = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
-
-
-def _version(plan: Plan, column: str) -> str | None:
-    """The version of the code that computes `column` in this plan."""
-    node = plan.node(column)
-    if node is None:
-        return None
-    if node.resolver is not None:
-        return node.resolver.version
-    if node.expression is not None:
-        return hashlib.sha256(node.expression.source.encode()).hexdigest()[:12]
-    return None
 
 
 def _now(now: datetime | None) -> datetime:

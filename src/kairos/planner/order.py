@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import timedelta
 from types import MappingProxyType
 
@@ -102,6 +103,7 @@ def order(resolution: Resolution, default_timeout: timedelta) -> Plan:
         for output in node_outputs:
             producer_index[output] = index
     columns = dict(resolution.columns)
+    versions = {output: _version(node) for node in nodes for output in node.outputs}
     return Plan(
         root=resolution.root,
         inputs=tuple(c.name for c in resolution.query.inputs),
@@ -109,7 +111,17 @@ def order(resolution: Resolution, default_timeout: timedelta) -> Plan:
         nodes=tuple(nodes),
         producer=MappingProxyType(producer_index),
         columns=MappingProxyType(columns),
+        versions=MappingProxyType(versions),
     )
+
+
+def _version(node: PlanNode) -> str | None:
+    """A short hash of the code behind a node, so a logged value names what made it."""
+    if node.resolver is not None:
+        return node.resolver.version
+    if node.expression is not None:
+        return hashlib.sha256(node.expression.source.encode()).hexdigest()[:12]
+    return None
 
 
 def _key(resolution: Resolution, producer: Producer) -> str | None:

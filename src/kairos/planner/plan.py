@@ -70,6 +70,7 @@ class Plan:
     nodes: tuple[PlanNode, ...]  # topological order
     producer: Mapping[str, int]  # column -> id of the node that computes it
     columns: Mapping[str, Column]  # every column the plan touches
+    versions: Mapping[str, str | None]  # column -> version of the code computing it
 
     def node(self, column: str) -> PlanNode | None:
         index = self.producer.get(column)

@@ -36,6 +36,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+import orjson
+
 from kairos.errors import KairosError
 from kairos.stores.codec import CorruptValue, UnencodableValue, decode, encode
 
@@ -65,8 +67,8 @@ class LoggedValue:
 
 @dataclass(frozen=True, slots=True)
 class LoggedQuery:
-    """Everything a decision saw. Hand it to `append` and do not mutate its dicts afterwards:
-    the writer thread encodes them later, off the query's hot path."""
+    """Everything a decision saw. `append` encodes it at once, so later changes to the
+    values (by the caller holding the query's result) do not reach the log."""
 
     query_id: str
     now: datetime
@@ -158,7 +160,48 @@ def _encode_record(record: LoggedQuery, unkept: set[str]) -> _Row:
     for name in ("now", "logged_at"):
         if not isinstance(getattr(record, name), datetime):
             raise TypeError(f"{name} must be a datetime, got {getattr(record, name)!r}")
+    # The same JSON the codec writes for the whole dict, built from its known layout: only
+    # each value goes through the codec (a Fragment), which is several times faster.
+    times: dict[datetime, Any] = {}  # most values share one observed_at: format it once
     outputs = {
+        name: {
+            "value": out.value
+            if _plain(out.value)
+            else orjson.Fragment(_encode_kept(out.value, unkept)),
+            "observed_at": None
+            if out.observed_at is None
+            else times.get(out.observed_at)
+            or times.setdefault(out.observed_at, _tagged_time(out.observed_at)),
+            "source": out.source,
+            "version": out.version,
+            "error_code": out.error_code,
+            "error_message": out.error_message,
+        }
+        for name, out in record.outputs.items()
+        if isinstance(name, str) and not name.startswith("$")
+    }
+    if len(outputs) != len(record.outputs):  # an odd name: let the codec handle all of it
+        encoded_outputs = _encode_kept(_plain_outputs(record), unkept)
+    else:
+        encoded_outputs = orjson.dumps(outputs).decode("utf-8")
+    return _Row(
+        query_id=record.query_id,
+        now=record.now,
+        inputs=_encode_kept(record.inputs, unkept),
+        outputs=encoded_outputs,
+        trace=_encode_trace(record.trace, unkept),
+        duration_ms=float(record.duration_ms),
+        logged_at=record.logged_at,
+    )
+
+
+def _tagged_time(value: datetime) -> Any:
+    """What the codec writes for a datetime."""
+    return {"$dt": value.isoformat()}
+
+
+def _plain_outputs(record: LoggedQuery) -> dict[str, Any]:
+    return {
         name: {
             "value": out.value,
             "observed_at": out.observed_at,
@@ -169,15 +212,27 @@ def _encode_record(record: LoggedQuery, unkept: set[str]) -> _Row:
         }
         for name, out in record.outputs.items()
     }
-    return _Row(
-        query_id=record.query_id,
-        now=record.now,
-        inputs=_encode_kept(record.inputs, unkept),
-        outputs=_encode_kept(outputs, unkept),
-        trace=_encode_kept(record.trace, unkept),
-        duration_ms=float(record.duration_ms),
-        logged_at=record.logged_at,
-    )
+
+
+def _encode_trace(trace: list[dict[str, Any]], unkept: set[str]) -> str:
+    """A trace is plain JSON (names, kinds, finite numbers), which orjson writes as the codec
+    would; anything else goes through the codec."""
+    try:
+        return orjson.dumps(trace, option=orjson.OPT_STRICT_INTEGER).decode("utf-8")
+    except orjson.JSONEncodeError:
+        return _encode_kept(trace, unkept)
+
+
+def _plain(value: Any) -> bool:
+    """A value orjson writes exactly as the codec does: no tag needed."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if kind is int:
+        return bool(-(2**63) <= value < 2**63)
+    return False
 
 
 def _decode_record(row: _Row) -> LoggedQuery:
@@ -543,6 +598,7 @@ class BatchedQueryLog:
         self._put_timeout = put_timeout
         self._retry_for = retry_for
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queue)
+        self._wake = threading.Event()  # set by flush() and close(): write without waiting
         self._closed = False
         self._state_lock = threading.Lock()
         self._dropped = 0
@@ -585,11 +641,30 @@ class BatchedQueryLog:
         if self._closed:
             self._drop("the log is closed")
             return
+        # Encode now (~10 us): the record is then exactly what the query saw, whatever the
+        # caller does with its values later, and the writer never holds the GIL for long.
+        unkept: set[str] = set()
+        try:
+            row = _encode_record(record, unkept)
+        except Exception as exc:  # a bad record is counted, never raised into the query
+            with self._state_lock:
+                self._lose(1, f"record {getattr(record, 'query_id', None)!r}: {exc}")
+            return
+        if unkept - self._warned_unkept:
+            with self._state_lock:
+                self._warned_unkept |= unkept
+            logger.warning(
+                "query log %s stores values of type %s as their repr (the codec cannot keep "
+                "them exactly), first in query %r",
+                self.name,
+                ", ".join(sorted(unkept)),
+                record.query_id,
+            )
         try:
             if self._put_timeout > 0:
-                self._queue.put(record, timeout=self._put_timeout)
+                self._queue.put(row, timeout=self._put_timeout)
             else:
-                self._queue.put_nowait(record)
+                self._queue.put_nowait(row)
         except queue.Full:
             self._drop(f"its queue is full ({self._queue.maxsize} records)")
 
@@ -616,6 +691,7 @@ class BatchedQueryLog:
         try:
             if self._writer.is_alive():
                 self._queue.put(marker, timeout=timeout)
+                self._wake.set()
             else:
                 marker.done.set()  # closed: nothing is pending
         except queue.Full:
@@ -666,6 +742,7 @@ class BatchedQueryLog:
         atexit.unregister(self.close)
         try:
             self._queue.put(_STOP, timeout=timeout)
+            self._wake.set()
             self._writer.join(timeout)
         except queue.Full:
             pass
@@ -690,28 +767,21 @@ class BatchedQueryLog:
         stopping = False
         try:
             while not stopping:
-                item = take()
-                records: list[LoggedQuery] = []
+                first = take()
+                # Gather a batch for up to max_wait, unless a flush or close wants it now.
+                # Sleeping on one event (not waking per record) keeps the writer off the GIL.
+                if isinstance(first, _Row):
+                    self._wake.wait(self._max_wait)
+                self._wake.clear()
+                records: list[_Row] = []
                 markers: list[_FlushMarker] = []
-                deadline = time.monotonic() + self._max_wait
-                while True:
-                    if isinstance(item, LoggedQuery):
+                for item in [first, *self._take_all()]:
+                    if isinstance(item, _Row):
                         records.append(item)
                     elif isinstance(item, _FlushMarker):
                         markers.append(item)
-                        break  # write now: someone is waiting
                     else:
-                        stopping = True
-                        break
-                    if len(records) >= self._max_batch:
-                        break
-                    remaining = deadline - time.monotonic()
-                    try:
-                        item = take(timeout=remaining) if remaining > 0 else take(block=False)
-                    except queue.Empty:
-                        break
-                if stopping:  # an append that raced close() still gets written
-                    records.extend(self._drain())
+                        stopping = True  # appends that raced close() are written too
                 for start in range(0, len(records), self._max_batch):
                     self._write(records[start : start + self._max_batch])
                 for marker in markers:
@@ -719,35 +789,15 @@ class BatchedQueryLog:
         finally:
             self._backend.close_writer()
 
-    def _drain(self) -> list[LoggedQuery]:
-        left: list[LoggedQuery] = []
+    def _take_all(self) -> list[object]:
+        items: list[object] = []
         while True:
             try:
-                item = self._queue.get(block=False)
+                items.append(self._queue.get(block=False))
             except queue.Empty:
-                return left
-            if isinstance(item, LoggedQuery):
-                left.append(item)
-            elif isinstance(item, _FlushMarker):
-                item.done.set()
+                return items
 
-    def _write(self, records: Sequence[LoggedQuery]) -> None:
-        rows: list[_Row] = []
-        for record in records:
-            unkept: set[str] = set()
-            try:
-                rows.append(_encode_record(record, unkept))
-            except Exception as exc:  # one bad record must not sink its batch
-                self._lose(1, f"record {getattr(record, 'query_id', None)!r}: {exc}")
-            if unkept - self._warned_unkept:
-                self._warned_unkept |= unkept
-                logger.warning(
-                    "query log %s stores values of type %s as their repr (the codec cannot "
-                    "keep them exactly), first in query %r",
-                    self.name,
-                    ", ".join(sorted(unkept)),
-                    record.query_id,
-                )
+    def _write(self, rows: Sequence[_Row]) -> None:
         if not rows:
             return
         delay, give_up = 0.05, time.monotonic() + self._retry_for

@@ -117,14 +117,22 @@ class RedisOnlineStore:
         if not keys:
             return []
         entities: dict[str, list[tuple[int, str]]] = {}  # hash -> (position, feature)
+        names: dict[tuple[str, Any], str] = {}  # a query asks for many features of one entity
         for position, (namespace, key, name) in enumerate(keys):
-            entities.setdefault(self.entity_key(namespace, key), []).append((position, name))
+            entity = names.get((namespace, key))
+            if entity is None:
+                entity = names[(namespace, key)] = self.entity_key(namespace, key)
+            entities.setdefault(entity, []).append((position, name))
         client = self._client()
         try:
-            async with client.pipeline(transaction=False) as pipe:
-                for entity, wanted in entities.items():
-                    pipe.hmget(entity, [name for _, name in wanted])
-                replies = await pipe.execute()
+            if len(entities) == 1:  # the usual online query: skip the pipeline's bookkeeping
+                entity, wanted = next(iter(entities.items()))
+                replies: list[Any] = [await client.hmget(entity, [name for _, name in wanted])]
+            else:
+                async with client.pipeline(transaction=False) as pipe:
+                    for entity, wanted in entities.items():
+                        pipe.hmget(entity, [name for _, name in wanted])
+                    replies = await pipe.execute()
         except (RedisConnectionError, RedisTimeoutError) as error:
             raise self._unavailable(error) from None
         values: list[StoredValue | None] = [None] * len(keys)
