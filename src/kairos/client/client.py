@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kairos.client.config import Config
+from kairos.client.offline import OfflineResult, offline_query
 from kairos.client.project import Project
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.feature import Feature
@@ -210,6 +211,33 @@ class Client:
         columns = self._columns(input)
         rows = len(next(iter(columns.values()))) if columns else 0
         return await self._run(columns, rows, output, now, staleness, query_id)
+
+    def offline_query(
+        self,
+        spine: Any,
+        output: Sequence[Any],
+        *,
+        timestamp: str = "ts",
+        recompute: bool = True,
+    ) -> OfflineResult:
+        """Compute `output` for every spine row as of that row's timestamp.
+
+        >>> spine = {"user.id": ["u1", "u1"], "ts": [t1, t2]}  # doctest: +SKIP
+        >>> client.offline_query(spine, [User.risk]).to_pandas()  # doctest: +SKIP
+        """
+        return self._sync(
+            offline_query(self, spine, output, timestamp=timestamp, recompute=recompute)
+        )
+
+    async def offline_query_async(
+        self,
+        spine: Any,
+        output: Sequence[Any],
+        *,
+        timestamp: str = "ts",
+        recompute: bool = True,
+    ) -> OfflineResult:
+        return await offline_query(self, spine, output, timestamp=timestamp, recompute=recompute)
 
     def _columns(
         self, input: Mapping[Any, Sequence[Any]] | Sequence[Mapping[Any, Any]]

@@ -164,7 +164,7 @@ class DataFrame(Generic[T]):
         return list(seen)
 
     def to_pandas(self) -> Any:
-        import pandas as pd  # type: ignore[import-untyped]  # optional, only when asked for
+        import pandas as pd  # optional, only when asked for
 
         return pd.DataFrame(self.rows)
 

@@ -78,8 +78,13 @@ class Engine:
         rows: int,
         now: datetime,
         staleness: dict[str, timedelta],
+        *,
+        row_times: list[datetime] | None = None,
     ) -> RunOutcome:
-        run = _Run(self, plan, rows, now, staleness)
+        """Run `plan` for `rows` entities as of `now`. With `row_times` each row has its own
+        `now` (an offline query recomputing history): the online store is neither read nor
+        written, since a cached value belongs to one moment."""
+        run = _Run(self, plan, rows, now, staleness, row_times)
         run.load(inputs)
         await run.probe()
         needed = run.demand()
@@ -99,11 +104,14 @@ class _Run:
         rows: int,
         now: datetime,
         staleness: dict[str, timedelta],
+        row_times: list[datetime] | None = None,
     ) -> None:
         self.engine = engine
         self.plan = plan
         self.n = rows
         self.now = now
+        self.nows = row_times if row_times is not None else [now] * rows
+        self.use_cache = row_times is None
         self.staleness = staleness
         self.cols: dict[str, ColumnData] = {}
         self.cached: dict[str, list[StoredValue | None]] = {}
@@ -138,7 +146,7 @@ class _Run:
         )
 
     def cacheable(self, node: PlanNode) -> list[str]:
-        if node.key is None or node.kind in ("relation", "default"):
+        if not self.use_cache or node.key is None or node.kind in ("relation", "default"):
             return []
         return [c for c in node.outputs if self.max_staleness(c) > ZERO]
 
@@ -162,7 +170,7 @@ class _Run:
     def load(self, inputs: dict[str, list[Any]]) -> None:
         for name, values in inputs.items():
             self.cols[name] = ColumnData(
-                values, [self.now] * self.n, ["input"] * self.n, [None] * self.n
+                values, list(self.nows), ["input"] * self.n, [None] * self.n
             )
 
     async def probe(self) -> None:
@@ -335,9 +343,14 @@ class _Run:
             return
         data = outputs[column]
         data.values[row] = value
-        data.observed_at[row] = self.now
+        data.observed_at[row] = self.nows[row]
         data.source[row] = source
-        if source != "default" and self.max_staleness_declared(column) and value is not None:
+        if (
+            self.use_cache
+            and source != "default"
+            and self.max_staleness_declared(column)
+            and value is not None
+        ):
             node = self.plan.node(column)
             key_values = self.keys(node)
             key = key_values[row] if key_values is not None else None
@@ -372,7 +385,7 @@ class _Run:
         status = "ok"
         for row in rows:
             try:
-                value = fn([values[row] for values in arg_cols], self.now, None)
+                value = fn([values[row] for values in arg_cols], self.nows[row], None)
             except Exception as error:  # the user's expression on this row's data
                 self.fail(
                     outputs,
@@ -436,13 +449,13 @@ class _Run:
         args: list[Any] = []
         for param, column in zip(bound.inputs, node.args, strict=True):  # type: ignore[union-attr]
             if column is None:
-                args.append(self.now)
+                args.append(self.nows[row])
                 continue
             value = self.cols[column].values[row]
             if param.info is not None and param.info.kind == "has_many":
                 filters, projections = self.engine.compiled_input(param)
                 value = DataFrame(
-                    select_rows(value or [], filters, projections, param.columns, self.now)
+                    select_rows(value or [], filters, projections, param.columns, self.nows[row])
                 )
             args.append(value)
         return args
@@ -458,7 +471,7 @@ class _Run:
             column = node.outputs[0]
             info = self.plan.columns[column].info
             try:
-                rows = normalize_rows(self.engine.graph, info, value, self.now)
+                rows = normalize_rows(self.engine.graph, info, value, self.nows[row])
             except InvalidValue as error:
                 self.fail(outputs, column, row, "invalid_value", f"{column}: {error}", label)
                 return
