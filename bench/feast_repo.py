@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
 from pathlib import Path
 
-import pandas as pd  # type: ignore[import-untyped]
+import pandas as pd
 from feast import (  # type: ignore[import-not-found]
     Entity,
     FeatureStore,
