@@ -40,6 +40,10 @@ class InvalidValue(KairosError, ValueError):
     """A value does not fit its feature's declared type, nullability or range."""
 
 
+class BackendUnavailable(KairosError, RuntimeError):
+    """A database, store or log kairos depends on failed; the request itself was fine."""
+
+
 class PlanError(KairosError, ValueError):
     """The requested outputs cannot be computed from the given inputs."""
 

@@ -158,7 +158,12 @@ def _remote(url: str, inputs: dict[str, Any], outputs: list[str], now: datetime 
 def _query(args: argparse.Namespace) -> int:
     if not args.outputs:
         raise KairosError("name at least one output: --out user.risk")
-    now = datetime.fromisoformat(args.now) if args.now else None
+    try:
+        now = datetime.fromisoformat(args.now) if args.now else None
+    except ValueError:
+        raise KairosError(
+            f"--now {args.now!r} is not an ISO time, e.g. 2026-06-01T12:00:00Z"
+        ) from None
     inputs = _inputs(args.inputs)
     if args.url:
         body = _remote(args.url, inputs, args.outputs, now)

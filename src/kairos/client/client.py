@@ -335,7 +335,7 @@ class Client:
 
     async def _check_query_id(self, query_id: str) -> None:
         """A caller's query id names one decision: it must be readable back and unused."""
-        if not isinstance(query_id, str) or not _QUERY_ID.fullmatch(query_id):
+        if not isinstance(query_id, str) or not QUERY_ID.fullmatch(query_id):
             raise InvalidInput(
                 f"query_id {query_id!r} must be 1-128 letters, digits or . _ ~ : -",
                 field="query_id",
@@ -446,7 +446,8 @@ class Client:
         self.close()
 
 
-_QUERY_ID = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
+# A query id a caller may choose: readable back as a URL path segment, at most 128 chars.
+QUERY_ID = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
 
 
 def _now(now: datetime | None) -> datetime:

@@ -94,6 +94,9 @@ class Config:
         server = raw.get("server") or {}
         if not isinstance(server, dict) or set(server) - _SERVER_KEYS:
             raise ProjectError(f"{path}: `server` takes {', '.join(sorted(_SERVER_KEYS))}")
+        port = server.get("port", 8000)
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            raise ProjectError(f"{path}: `server.port` is a port number, got {port!r}")
         keys = server.get("keys") or []
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise ProjectError(f"{path}: `server.keys` is a list of strings")
@@ -107,7 +110,7 @@ class Config:
             ),
             server=ServerConfig(
                 host=str(server.get("host", "127.0.0.1")),
-                port=int(server.get("port", 8000)),
+                port=port,
                 keys=tuple(interpolate(k, f"{path} server.keys") for k in keys),
             ),
         )

@@ -107,7 +107,7 @@ async def offline_query(
         row_times.append(to_utc(value))
     inputs = {client.name(name): values for name, values in columns.items()}
     names = [client.name(o) for o in output]
-    plan = client.planner.plan(list(inputs), names)
+    plan = client.planner.plan(list(inputs), names, mode="offline")
     for name, values in inputs.items():
         info = plan.columns[name].info
         for index, value in enumerate(values):

@@ -53,7 +53,7 @@ _UNARY: dict[str, Callable[[Any], Any]] = {
     "dt.days": lambda v: v.total_seconds() / 86400,
 }
 
-_PREDICATE_BINARY: dict[str, Callable[[Any, Any], Any]] = {
+_BINARY_CALLS: dict[str, Callable[[Any, Any], Any]] = {
     "str.contains": lambda a, b: b in a,
     "str.startswith": lambda a, b: a.startswith(b),
     "str.endswith": lambda a, b: a.endswith(b),
@@ -140,8 +140,8 @@ def _call(tree: ex.Call) -> Compiled:
         fn1 = _UNARY[name]
         (arg,) = args
         return lambda slots, now, row: None if (v := arg(slots, now, row)) is None else fn1(v)
-    if name in _PREDICATE_BINARY:
-        fn2 = _PREDICATE_BINARY[name]
+    if name in _BINARY_CALLS:
+        fn2 = _BINARY_CALLS[name]
         a, b = args
 
         def apply(slots: Sequence[Any], now: datetime, row: dict[str, Any] | None) -> Any:

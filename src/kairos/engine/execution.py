@@ -12,11 +12,12 @@ A run has four steps:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kairos.definitions.binding import BoundExpression
@@ -33,6 +34,9 @@ from kairos.resolvers.registry import BoundInput
 from kairos.stores.online import OnlineStore, StoredValue, StoreKey
 
 ZERO = timedelta(0)
+# How far ahead of the wall clock a query's `now` may be and still write the cache.
+FUTURE_SKEW = timedelta(seconds=5)
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -191,12 +195,23 @@ class _Run:
                         keys.append((node.namespace, _hashable(key), feature))
         if not keys:
             return
+        await self.read_cache(None, "online store read", wanted, keys)
+
+    async def read_cache(
+        self, node: PlanNode | None, label: str, wanted: list[tuple[str, int]], keys: list[StoreKey]
+    ) -> None:
+        """One store read; an unreachable or failing store is a miss, never a failed query."""
         start = self.elapsed_ms()
-        found = await self.engine.store.get(keys)
+        try:
+            found = await self.engine.store.get(keys)
+        except Exception as error:  # the cache is an optimization: compute instead
+            logger.warning("online store read failed, computing instead: %s", error)
+            self.timed(node, "cache", label, start, len(keys), "error")
+            return
         for (column, row), stored in zip(wanted, found, strict=True):
             if self.is_fresh(stored, self.max_staleness(column)):
                 self.cached.setdefault(column, [None] * self.n)[row] = stored
-        self.timed(None, "cache", "online store read", start, len(keys), "ok")
+        self.timed(node, "cache", label, start, len(keys), "ok")
 
     # --- 2. demand ----------------------------------------------------------------------
 
@@ -251,7 +266,11 @@ class _Run:
         for node in nodes:  # topological order
             waits = [tasks[i] for i in node.after if i in tasks]
             tasks[node.id] = asyncio.ensure_future(self.run_node(node, waits))
-        await asyncio.gather(*tasks.values())
+        try:
+            await asyncio.gather(*tasks.values())
+        finally:
+            for task in tasks.values():  # nothing is left running if one node blew up
+                task.cancel()
 
     async def run_node(self, node: PlanNode, waits: Sequence[asyncio.Task[None]]) -> None:
         if waits:
@@ -276,8 +295,8 @@ class _Run:
             self.computed += len(rows)
             self.timed(node, node.kind, node.label, start, len(rows), status)
         for name, data in outputs.items():
-            if name in self.plan.inputs:
-                continue  # the caller's value wins over a sibling output of the same resolver
+            if name in self.plan.inputs or name in self.cols:
+                continue  # the caller's value (or the cache's, already counted) wins
             self.cols[name] = self.from_cache(name, data) if name in self.cached else data
 
     async def probe_node(self, node: PlanNode) -> None:
@@ -293,12 +312,7 @@ class _Run:
         ]
         if not keys:
             return
-        start = self.elapsed_ms()
-        found = await self.engine.store.get(keys)
-        for (column, row), stored in zip(wanted, found, strict=True):
-            if self.is_fresh(stored, self.max_staleness(column)):
-                self.cached.setdefault(column, [None] * self.n)[row] = stored
-        self.timed(node, "cache", f"online store read ({node.namespace})", start, len(keys), "ok")
+        await self.read_cache(node, f"online store read ({node.namespace})", wanted, keys)
 
     def rows_to_compute(self, node: PlanNode, outputs: dict[str, ColumnData]) -> list[int]:
         key_values = self.keys(node)
@@ -376,11 +390,11 @@ class _Run:
     def run_expression(
         self, node: PlanNode, rows: list[int], outputs: dict[str, ColumnData]
     ) -> str:
-        assert_expression = node.expression
-        if assert_expression is None:  # pragma: no cover - planner invariant
+        expression = node.expression
+        if expression is None:  # pragma: no cover - planner invariant
             raise RuntimeError(f"expression node {node.label} has no expression")
         column = node.outputs[0]
-        fn = self.engine.compiled(assert_expression, column)
+        fn = self.engine.compiled(expression, column)
         arg_cols = [self.cols[a].values for a in node.args if a is not None]
         status = "ok"
         for row in rows:
@@ -406,7 +420,18 @@ class _Run:
         bound = node.resolver
         if bound is None:  # pragma: no cover - planner invariant
             raise RuntimeError(f"resolver node {node.label} has no resolver")
-        calls = [self.arguments(node, row) for row in rows]
+        calls = []
+        ready = []
+        for row in rows:
+            try:
+                calls.append(self.arguments(node, row))
+                ready.append(row)
+            except Exception as error:  # e.g. a has-many filter that cannot compare its values
+                for name in node.outputs:
+                    self.fail(outputs, name, row, "resolver_error",
+                              f"preparing the inputs of {node.label!r} failed: "
+                              f"{type(error).__name__}: {error}", node.label)  # fmt: skip
+        rows = ready
         results: list[tuple[bool, Any] | None] = [None] * len(rows)
         work = bound.runner.run(calls, results, self.engine.pool)
         status = "ok"
@@ -517,8 +542,16 @@ class _Run:
     async def write_back(self) -> None:
         if not self.fresh:
             return
+        if self.now > datetime.now(UTC) + FUTURE_SKEW:
+            # A value "observed" in the future would outrank every real one until then.
+            return
         start = self.elapsed_ms()
-        await self.engine.store.put(self.fresh)
+        try:
+            await self.engine.store.put(self.fresh)
+        except Exception as error:  # the answer is computed; failing to cache it is not fatal
+            logger.warning("online store write failed; values stay uncached: %s", error)
+            self.timed(None, "cache", "online store write", start, len(self.fresh), "error")
+            return
         self.timed(None, "cache", "online store write", start, len(self.fresh), "ok")
 
 

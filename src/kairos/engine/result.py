@@ -13,7 +13,7 @@ class FeatureError:
     """Why one feature (of one row, in a bulk query) has no value."""
 
     feature: str
-    code: str  # resolver_error | timeout | upstream_error | invalid_value | expression_error
+    code: str  # resolver_error timeout upstream_error invalid_value expression_error missing
     message: str
     row: int | None = None
     resolver: str | None = None

@@ -38,12 +38,17 @@ class Resolution:
     columns: dict[str, Column] = field(default_factory=dict)
 
 
-def resolve(graph: Graph, resolvers: ResolverSet, query: BoundQuery) -> Resolution:
-    return _Resolver(graph, resolvers, query).run()
+def resolve(
+    graph: Graph, resolvers: ResolverSet, query: BoundQuery, mode: str = "online"
+) -> Resolution:
+    return _Resolver(graph, resolvers, query, mode).run()
 
 
 class _Resolver:
-    def __init__(self, graph: Graph, resolvers: ResolverSet, query: BoundQuery) -> None:
+    def __init__(
+        self, graph: Graph, resolvers: ResolverSet, query: BoundQuery, mode: str = "online"
+    ) -> None:
+        self.mode = mode
         self.graph = graph
         self.resolvers = resolvers
         self.query = query
@@ -122,6 +127,10 @@ class _Resolver:
                 self.produce(arg)
             return Producer("expression", column, tuple(a.name for a in args), expression=bound)
         candidates = self.resolvers.producers(info.namespace, info.name)
+        if self.mode == "offline":
+            # offline queries prefer a feature's @offline resolvers, and fall back to online ones
+            offline = self.resolvers.producers(info.namespace, info.name, "offline")
+            candidates = offline or candidates
         chosen: list[tuple[BoundResolver, tuple[str | None, ...]]] = []
         failures: list[PlanError] = []
         for candidate in candidates:

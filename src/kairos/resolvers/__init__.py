@@ -1,4 +1,5 @@
-"""Resolvers: Python functions (and, later, SQL, models and LLM calls) that produce features."""
+"""Resolvers: Python functions and SQL files (and, later, models and LLM calls) that produce
+features, bound to a project's graph."""
 
 from kairos.resolvers.python import Resolver, offline, online
 from kairos.resolvers.registry import BoundResolver, ResolverSet

@@ -339,6 +339,12 @@ class SqlRunner:
                 f"sql resolver {self.plan.resolver.name!r} found no row for "
                 f"{self.plan.key_param}={call[key_index]!r}"
             )
+        if len(rows) > 1:
+            return False, LookupError(
+                f"sql resolver {self.plan.resolver.name!r} found {len(rows)} rows for "
+                f"{self.plan.key_param}={call[key_index]!r}; a resolver of single features "
+                "returns at most one row per key"
+            )
         return True, rows[0]
 
     async def fetch_one(self, call: list[Any]) -> list[dict[str, Any]]:
@@ -387,8 +393,26 @@ def _norm(key: Any) -> Any:
     return None if key is None else str(key)
 
 
+_WHOLE_RESULT = re.compile(
+    r"\b(limit|offset|fetch|group\s+by|having|distinct|union|intersect|except|over|window|"
+    r"count|sum|avg|min|max|array_agg|string_agg|group_concat|bool_and|bool_or)\b",
+    re.IGNORECASE,
+)
+
+
+def per_key(sql: str) -> bool:
+    """Whether each result row depends on its own key only, so `= :key` may become `IN (...)`.
+
+    LIMIT, aggregates, DISTINCT, window functions and set operations act on the whole result:
+    pushing a batch of keys into them would mix the keys' answers.
+    """
+    return _WHOLE_RESULT.search(_masked(sql, strings=True)) is None
+
+
 def batch_text(text: SqlText, key_param: str) -> tuple[SqlText, str] | None:
     """Rewrite the one `col = :key` comparison into `col IN (:__keys__)`."""
+    if not per_key("".join(text.parts)):
+        return None
     hits = [i for i, p in enumerate(text.params) if p == key_param]
     if len(hits) != 1:
         return None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,18 +18,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from kairos.client.client import Client
+from kairos.client.client import QUERY_ID, Client
 from kairos.client.config import ServerConfig
 from kairos.engine.result import BulkResult, QueryResult
-from kairos.errors import DefinitionError, InvalidInput, KairosError, PlanError, UnknownFeature
+from kairos.errors import (
+    BackendUnavailable,
+    DefinitionError,
+    InvalidInput,
+    KairosError,
+    PlanError,
+    UnknownFeature,
+)
 from kairos.server.metrics import Metrics
 from kairos.server.openapi import openapi_document
-from kairos.sources.errors import SourceError
-from kairos.stores.query_log import QueryLogError
-from kairos.stores.redis_online import OnlineStoreUnavailable
 
 MAX_BODY = 4 * 1024 * 1024
-QUERY_ID = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -168,7 +170,7 @@ def _error_status(error: KairosError) -> HTTPProblem:
     code = type(error).__name__
     if isinstance(error, UnknownFeature | InvalidInput | PlanError | DefinitionError):
         return HTTPProblem(422, code, str(error), getattr(error, "field", None))
-    if isinstance(error, SourceError | QueryLogError | OnlineStoreUnavailable):
+    if isinstance(error, BackendUnavailable):
         return HTTPProblem(503, code, str(error))  # our backend failed, not the request
     return HTTPProblem(400, code, str(error))
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kairos.errors import KairosError
+from kairos.errors import BackendUnavailable
 
 
-class SourceError(KairosError, RuntimeError):
+class SourceError(BackendUnavailable):
     """A source could not connect or run a query; the message names the source and carries
     the driver's message with any password replaced by `***`."""

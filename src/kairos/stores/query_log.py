@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import orjson
 
-from kairos.errors import KairosError
+from kairos.errors import BackendUnavailable, KairosError
 from kairos.stores.codec import CorruptValue, UnencodableValue, decode, encode
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TABLE: Final = "kairos_query_log"
 
 
-class QueryLogError(KairosError, RuntimeError):
+class QueryLogError(BackendUnavailable):
     """The query log could not be opened, written or read."""
 
 

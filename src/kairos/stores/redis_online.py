@@ -28,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from kairos.errors import KairosError
+from kairos.errors import BackendUnavailable, KairosError
 from kairos.stores.codec import CorruptValue, decode, encode, encode_key, from_micros, to_micros
 from kairos.stores.online import StoredValue, StoreKey, redact_url
 
@@ -72,7 +72,7 @@ return written
 _PUT_NEWEST_SHA = hashlib.sha1(_PUT_NEWEST).hexdigest()
 
 
-class OnlineStoreUnavailable(KairosError, ConnectionError):
+class OnlineStoreUnavailable(BackendUnavailable, ConnectionError):
     """The online store's server cannot be reached."""
 
 
