@@ -133,10 +133,30 @@ def test_bad_spines_are_clear_errors(client: kr.Client) -> None:
         client.offline_query({"user.id": [7], "ts": [ANCHOR]}, ["user.risk"])
     with pytest.raises(kr.UnknownFeature, match=r"did you mean 'user\.risk'"):
         client.offline_query({"user.id": ["u0001"], "ts": [ANCHOR]}, ["user.rsk"])
-    with pytest.raises(kr.KairosError, match="need the offline store"):
-        client.offline_query({"user.id": ["u0001"], "ts": [ANCHOR]}, ["user.risk"], recompute=False)
+    with pytest.raises(kr.InvalidInput, match=r"recompute names user\.name, which the query"):
+        client.offline_query(
+            {"user.id": ["u0001"], "ts": [ANCHOR]}, ["user.risk"], recompute=["user.name"]
+        )
 
 
 def test_an_empty_spine_gives_an_empty_table(client: kr.Client) -> None:
     empty: dict[str, list[datetime | str]] = {"user.id": [], "ts": []}
     assert len(client.offline_query(empty, ["user.risk"])) == 0
+
+
+def test_offline_results_are_saved_as_versioned_datasets(tmp_path: Path) -> None:
+    generate()
+    with kr.Client(PROJECT, query_log="none://", offline_store="none://") as client:
+        client.datasets.store.root = tmp_path  # keep the example folder clean
+        spine = {"user.id": ["u0001", "u0002"], "ts": [ANCHOR, ANCHOR]}
+        first = client.offline_query(spine, ["user.txn_count[1d]", "user.risk"])
+        saved = client.datasets.save("training", first)
+        second = client.datasets.save("training", client.offline_query(spine, ["user.risk"]))
+        assert (saved.version, second.version) == (1, 2)
+        loaded = client.datasets.get("training", 1)
+        assert loaded.table.equals(first.table)
+        assert loaded.query["outputs"] == ["user.txn_count[1d]", "user.risk"]
+        assert loaded.query["spine_rows"] == 2
+        assert len(loaded.definitions_hash) == 16
+        assert client.datasets.get("training").version == 2
+        assert client.datasets.names() == ["training"]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kairos.client.config import Config
-from kairos.client.offline import OfflineResult, offline_query
+from kairos.client.offline import Datasets, OfflineResult, offline_query
 from kairos.client.project import Project
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.feature import Feature
@@ -31,6 +31,9 @@ from kairos.planner.plan import Plan
 from kairos.planner.planner import Planner
 from kairos.resolvers.registry import ResolverSet
 from kairos.sources import source_from_config
+from kairos.stores.datasets import DatasetStore
+from kairos.stores.offline import OfflineStore, offline_store_from_url
+from kairos.stores.offline_writer import OfflineWriter
 from kairos.stores.online import OnlineStore, online_store_from_url
 from kairos.stores.query_log import (
     LoggedQuery,
@@ -58,6 +61,7 @@ class Client:
         definitions: Iterable[Any] = (),
         config: Config | None = None,
         online_store: str | OnlineStore | None = None,
+        offline_store: str | OfflineStore | None = None,
         query_log: str | QueryLog | None = None,
         default_timeout: DurationLike | None = None,
         max_workers: int = 32,
@@ -96,13 +100,23 @@ class Client:
         self.planner = Planner(self.graph, self.resolvers, default_timeout=timeout)
         store = self.config.online_store if online_store is None else online_store
         self.store = online_store_from_url(store) if isinstance(store, str) else store
+        offline = self.config.offline_store if offline_store is None else offline_store
+        self._offline: OfflineStore | None = None if isinstance(offline, str) else offline
+        self._offline_url = offline if isinstance(offline, str) else None
+        self._offline_lock = threading.Lock()
+        keeps_history = offline != "none://"
+        self.offline_writer = OfflineWriter(self.offline_store) if keeps_history else None
+        folder_for_data = self.config.base_dir or Path.cwd()
+        self.datasets = Datasets(self, DatasetStore(folder_for_data / ".kairos" / "datasets"))
         log = self.config.query_log if query_log is None else query_log
         self.log: QueryLog = query_log_from_url(log) if isinstance(log, str) else log
         self._logging = not isinstance(self.log, NullQueryLog)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="kairos-resolver"
         )
-        self.engine = Engine(self.graph, self.store, self._pool)
+        self.engine = Engine(
+            self.graph, self.store, self._pool, observe=self.offline_writer is not None
+        )
         self._names: dict[str, str] = {}
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
@@ -111,6 +125,18 @@ class Client:
         self._closed = False
         self._id_prefix = uuid.uuid4().hex[:16]
         self._id_counter = itertools.count(1)
+
+    def offline_store(self) -> OfflineStore:
+        """The offline store, opened on first use (DuckDB lets one process hold its file)."""
+        with self._offline_lock:
+            if self._offline is None:
+                if self._offline_url is None or self._offline_url == "none://":
+                    raise KairosError(
+                        "this client keeps no offline store; set offline_store in kairos.yaml "
+                        "(e.g. duckdb:///.kairos/offline.duckdb) or pass offline_store="
+                    )
+                self._offline = offline_store_from_url(self._offline_url)
+            return self._offline
 
     # --- names --------------------------------------------------------------------------
 
@@ -218,7 +244,7 @@ class Client:
         output: Sequence[Any],
         *,
         timestamp: str = "ts",
-        recompute: bool = True,
+        recompute: bool | Sequence[Any] = True,
     ) -> OfflineResult:
         """Compute `output` for every spine row as of that row's timestamp.
 
@@ -235,7 +261,7 @@ class Client:
         output: Sequence[Any],
         *,
         timestamp: str = "ts",
-        recompute: bool = True,
+        recompute: bool | Sequence[Any] = True,
     ) -> OfflineResult:
         return await offline_query(self, spine, output, timestamp=timestamp, recompute=recompute)
 
@@ -313,6 +339,8 @@ class Client:
             outcome.computed,
         )
         result = BulkResult(outcome.columns, meta, trace, self.name)
+        if self.offline_writer is not None and outcome.observed:
+            self.offline_writer.add(outcome.observed)
         if self._logging:
             self._log(plan, columns, result)
         return result
@@ -422,6 +450,10 @@ class Client:
             return
         self._closed = True
         await asyncio.to_thread(self.log.close)
+        if self.offline_writer is not None:
+            await asyncio.to_thread(self.offline_writer.close)
+        if self._offline is not None:
+            await asyncio.to_thread(self._offline.close)
         for source in self.sources.values():
             await source.close()
         await self.store.close()

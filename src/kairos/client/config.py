@@ -31,7 +31,7 @@ from kairos.errors import KairosError, ProjectError
 
 CONFIG_FILE = "kairos.yaml"
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_KEYS = {"sources", "online_store", "query_log", "resolver_timeout", "server"}
+_KEYS = {"sources", "online_store", "offline_store", "query_log", "resolver_timeout", "server"}
 _SERVER_KEYS = {"host", "port", "keys"}
 
 
@@ -61,6 +61,7 @@ class Config:
     base_dir: Path | None = None
     sources: Mapping[str, Any] = field(default_factory=dict)  # name -> URL or mapping
     online_store: str = "memory://"
+    offline_store: str = "none://"
     query_log: str = "none://"
     resolver_timeout: timedelta = timedelta(seconds=10)
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -70,7 +71,9 @@ class Config:
         """Read `kairos.yaml` in `folder`; a folder without one gets embedded defaults."""
         path = folder / CONFIG_FILE
         defaults = cls(
-            base_dir=folder, query_log=f"sqlite:///{folder / '.kairos' / 'query_log.db'}"
+            base_dir=folder,
+            query_log=f"sqlite:///{folder / '.kairos' / 'query_log.db'}",
+            offline_store=f"duckdb:///{folder / '.kairos' / 'offline.duckdb'}",
         )
         if not path.exists():
             return defaults
@@ -104,6 +107,7 @@ class Config:
             base_dir=folder,
             sources=dict(sources),
             online_store=_url(raw.get("online_store", defaults.online_store), folder, path),
+            offline_store=_url(raw.get("offline_store", defaults.offline_store), folder, path),
             query_log=_url(raw.get("query_log", defaults.query_log), folder, path),
             resolver_timeout=parse_duration(
                 raw.get("resolver_timeout", "10s"), field=f"{path} resolver_timeout"
@@ -121,6 +125,8 @@ def _url(value: Any, folder: Path, path: Path) -> str:
         raise ProjectError(f"{path}: store URLs are strings, got {value!r}")
     text = interpolate(value, str(path))
     # sqlite:///relative/path is relative to the project folder, not the working directory
-    if text.startswith("sqlite:///") and not text.startswith("sqlite:////"):
-        text = f"sqlite:///{folder / text[len('sqlite:///') :]}"
+    for scheme in ("sqlite:///", "duckdb:///"):
+        rest = text[len(scheme) :]
+        if text.startswith(scheme) and not rest.startswith("/") and rest != ":memory:":
+            text = f"{scheme}{folder / rest}"
     return text

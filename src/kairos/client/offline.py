@@ -8,12 +8,14 @@ answered at that moment: resolvers get `Now == ts` and rows of has-many features
 `ts` do not exist. One row out per spine row, in spine order, duplicates kept; a row whose
 key is null gets nulls.
 
-Reading stored values as of each row (`recompute=False`) needs the offline store, which is
-not built yet: such a call is refused with an error that says so.
+With `recompute=False` every output is read from the offline store instead: for each row,
+the latest value with `observed_at <= ts` (through has-one relations too), as written by
+earlier online queries and backfills; `recompute=[...]` recomputes just those features.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,10 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from kairos.client.fingerprint import definitions_fingerprint
 from kairos.engine.result import FeatureError
 from kairos.engine.rows import normalize_rows
 from kairos.engine.values import check, to_utc
 from kairos.errors import InvalidInput, InvalidValue, KairosError
+from kairos.stores.datasets import Dataset, DatasetStore, DatasetVersion
+from kairos.stores.offline import python_values
 
 if TYPE_CHECKING:
     from kairos.client.client import Client
@@ -36,6 +41,7 @@ class OfflineResult:
 
     table: pa.Table
     errors: list[FeatureError]
+    query: dict[str, Any]  # what was asked: outputs, timestamp column, recompute, rows
 
     def __len__(self) -> int:
         return int(self.table.num_rows)
@@ -81,14 +87,8 @@ async def offline_query(
     output: Sequence[Any],
     *,
     timestamp: str = "ts",
-    recompute: bool = True,
+    recompute: bool | Sequence[Any] = True,
 ) -> OfflineResult:
-    if recompute is not True:
-        raise KairosError(
-            "offline queries that read stored values (recompute=False or a list) need the "
-            "offline store, which kairos does not have yet; pass recompute=True to compute "
-            "every row as of its time"
-        )
     columns = spine_columns(spine)
     if timestamp not in columns:
         raise InvalidInput(
@@ -107,9 +107,22 @@ async def offline_query(
         row_times.append(to_utc(value))
     inputs = {client.name(name): values for name, values in columns.items()}
     names = [client.name(o) for o in output]
-    plan = client.planner.plan(list(inputs), names, mode="offline")
+    if recompute is True:
+        computed = names
+    elif recompute is False:
+        computed = []
+    else:
+        computed = [client.name(f) for f in recompute]
+        unknown = sorted(set(computed) - set(names))
+        if unknown:
+            raise InvalidInput(
+                f"recompute names {', '.join(unknown)}, which the query does not output",
+                field="recompute",
+            )
+    stored = [name for name in names if name not in computed]
+    root = client.graph.ref(names[0]).root if names else ""
     for name, values in inputs.items():
-        info = plan.columns[name].info
+        info = client.graph.info(client.graph.ref(name))
         for index, value in enumerate(values):
             if value is None:
                 continue  # a null key: that row's features are null
@@ -120,13 +133,96 @@ async def offline_query(
                     values[index] = check(info, value, allow_null=True)
             except InvalidValue as error:
                 raise InvalidInput(f"spine row {index}, {name!r}: {error}", field=name) from None
-    now = max(row_times) if row_times else datetime.now().astimezone()
-    outcome = await client.engine.run(plan, inputs, rows, now, {}, row_times=row_times)
-    table = {timestamp: row_times, **{name: list(v) for name, v in columns.items()}}
-    table.update({name: outcome.columns[name].values for name in plan.outputs})
-    errors = [e for col in outcome.columns.values() for e in col.errors if e is not None]
+    table: dict[str, Any] = {timestamp: row_times, **{n: list(v) for n, v in columns.items()}}
+    errors: list[FeatureError] = []
+    if computed:
+        plan = client.planner.plan(list(inputs), computed, mode="offline")
+        now = max(row_times) if row_times else datetime.now().astimezone()
+        outcome = await client.engine.run(plan, inputs, rows, now, {}, row_times=row_times)
+        table.update({name: outcome.columns[name].values for name in computed})
+        errors = [e for col in outcome.columns.values() for e in col.errors if e is not None]
+    if stored:
+        from_store = await asyncio.to_thread(
+            _stored_values, client, root, inputs, stored, row_times
+        )
+        table.update(from_store)
+    table = {
+        timestamp: table[timestamp],
+        **{n: table[n] for n in columns},
+        **{n: table[n] for n in names},
+    }
     try:
         arrow = pa.table(table)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
         raise KairosError(f"the offline result does not fit an Arrow table: {error}") from None
-    return OfflineResult(arrow, errors)
+    query = {
+        "outputs": names,
+        "timestamp": timestamp,
+        "recompute": computed == names if recompute is True else computed,
+        "spine_rows": rows,
+    }
+    return OfflineResult(arrow, errors, query)
+
+
+def _stored_values(
+    client: Client,
+    root: str,
+    inputs: dict[str, list[Any]],
+    names: list[str],
+    times: list[datetime],
+) -> dict[str, Any]:
+    """As-of reads from the offline store: per row, the latest value at or before its time,
+    following has-one relations hop by hop (the foreign key as of then, then its target)."""
+    if client.offline_writer is not None:
+        client.offline_writer.flush()  # what online queries computed so far counts too
+    store = client.offline_store()
+    primary = f"{root}.{client.graph.cls(root).primary}"
+    if primary not in inputs:
+        raise InvalidInput(
+            f"reading stored values needs the spine's {primary!r} column", field=primary
+        )
+    found: dict[str, Any] = {}
+    for name in names:
+        ref = client.graph.ref(name)
+        namespace, keys = root, inputs[primary]
+        for hop in ref.path:
+            relation = client.graph.feature(namespace, hop)
+            if relation.join_key is None or relation.target is None:  # pragma: no cover
+                raise InvalidInput(f"{name!r}: {namespace}.{hop} is not a has-one relation")
+            keys = store.asof(namespace, relation.join_key, keys, times).to_pylist()
+            namespace = relation.target
+        feature = client.graph.walk(ref)[1].name
+        array = store.asof(namespace, feature, keys, times)
+        kind = store.value_kind(namespace, feature)
+        found[name] = array if kind is None else python_values(array, kind)
+    return found
+
+
+class Datasets:
+    """`client.datasets`: offline results saved by name as versioned Parquet files.
+
+    >>> client.datasets.save("training", client.offline_query(spine, outputs))  # doctest: +SKIP
+    >>> client.datasets.get("training").to_pandas()  # latest version  # doctest: +SKIP
+    """
+
+    def __init__(self, client: Client, store: DatasetStore) -> None:
+        self._client = client
+        self.store = store
+
+    def save(self, name: str, result: OfflineResult) -> DatasetVersion:
+        """Save an offline result with its query and the fingerprint of the definitions."""
+        return self.store.save(
+            name,
+            result.table,
+            query=result.query,
+            definitions_hash=definitions_fingerprint(self._client),
+        )
+
+    def get(self, name: str, version: int | None = None) -> Dataset:
+        return self.store.get(name, version)
+
+    def versions(self, name: str) -> list[DatasetVersion]:
+        return self.store.versions(name)
+
+    def names(self) -> list[str]:
+        return self.store.names()

@@ -23,7 +23,7 @@ from typing import Any
 from kairos.definitions.binding import BoundExpression
 from kairos.definitions.feature import ref_of
 from kairos.definitions.graph import Graph
-from kairos.definitions.types import DataFrame
+from kairos.definitions.types import DataFrame, ValueType
 from kairos.engine.evaluate import Compiled, compile_expression
 from kairos.engine.result import ColumnData, FeatureError, NodeTiming
 from kairos.engine.rows import normalize_rows, select_rows
@@ -34,6 +34,7 @@ from kairos.resolvers.registry import BoundInput
 from kairos.stores.online import OnlineStore, StoredValue, StoreKey
 
 ZERO = timedelta(0)
+ANY = ValueType("any", True)
 # How far ahead of the wall clock a query's `now` may be and still write the cache.
 FUTURE_SKEW = timedelta(seconds=5)
 logger = logging.getLogger(__name__)
@@ -45,15 +46,20 @@ class RunOutcome:
     trace: list[NodeTiming]
     cache_hits: int
     computed: int
+    # (namespace, feature, value type, key type, key, observed_at, value) of computed values
+    observed: list[tuple[Any, ...]]
 
 
 class Engine:
     """Runs plans against one online store, with one thread pool for sync user code."""
 
-    def __init__(self, graph: Graph, store: OnlineStore, pool: ThreadPoolExecutor) -> None:
+    def __init__(
+        self, graph: Graph, store: OnlineStore, pool: ThreadPoolExecutor, *, observe: bool = False
+    ) -> None:
         self.graph = graph
         self.store = store
         self.pool = pool
+        self.observe = observe  # collect computed values for the offline store
         self._compiled: dict[tuple[str, str], Compiled] = {}
         self._inputs: dict[tuple[str, str], tuple[list[Compiled], list[Compiled]]] = {}
 
@@ -96,7 +102,11 @@ class Engine:
             await run.execute(needed)
         await run.write_back()
         return RunOutcome(
-            {name: run.cols[name] for name in plan.outputs}, run.trace, run.hits, run.computed
+            {name: run.cols[name] for name in plan.outputs},
+            run.trace,
+            run.hits,
+            run.computed,
+            run.observed,
         )
 
 
@@ -125,6 +135,7 @@ class _Run:
         self.hits = 0
         self.computed = 0
         self.fresh: list[tuple[StoreKey, StoredValue]] = []
+        self.observed: list[tuple[Any, ...]] = []
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -359,19 +370,22 @@ class _Run:
         data.values[row] = value
         data.observed_at[row] = self.nows[row]
         data.source[row] = source
-        if (
-            self.use_cache
-            and source != "default"
-            and self.max_staleness_declared(column)
-            and value is not None
-        ):
-            node = self.plan.node(column)
-            key_values = self.keys(node)
-            key = key_values[row] if key_values is not None else None
-            if key is not None and node is not None:
-                self.fresh.append(
-                    ((node.namespace, _hashable(key), info.name), StoredValue(value, self.now))
-                )
+        if not self.use_cache or source == "default":
+            return
+        node = self.plan.node(column)
+        key_values = self.keys(node)
+        key = key_values[row] if key_values is not None else None
+        if key is None or node is None or node.key is None:
+            return
+        if self.engine.observe:  # every computed value also goes to the offline store
+            key_type = self.plan.columns[node.key].info.type or ANY
+            self.observed.append(
+                (node.namespace, info.name, info.type or ANY, key_type, key, self.now, value)
+            )
+        if self.max_staleness_declared(column) and value is not None:
+            self.fresh.append(
+                ((node.namespace, _hashable(key), info.name), StoredValue(value, self.now))
+            )
 
     def max_staleness_declared(self, column: str) -> bool:
         return self.plan.columns[column].info.max_staleness > ZERO

@@ -1,0 +1,183 @@
+"""Point-in-time (as-of) reads from the offline store, beside a hand-written DuckDB floor.
+
+    .venv/bin/python bench/offline_pit.py [--spine 1000000] [--events 10000000] [--features 5]
+
+Builds a spine (key, ts) and events (key, observed_at, one column per feature) as Parquet
+files, then measures, each in its own child process (so peak RSS is that step's alone):
+
+- floor: one hand-written `ASOF LEFT JOIN` over the Parquet files, all features at once (no
+  tie-breaking on inserted_at, no ttl: the least work a correct-looking answer can take);
+- floor, one join per feature: the same join once per feature column (the store's shape);
+- store load: the events written into a fresh store file, one `write` per feature;
+- store as-of: `asof` for every feature over the whole spine, from that file.
+
+This machine is shared and noisy: only the same-run ratios mean anything.
+"""
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kairos.definitions.types import ValueType
+from kairos.stores.offline import DuckDBOfflineStore
+
+BASE_US = 1_767_225_600_000_000  # 2026-01-01 UTC in microseconds
+SPAN_US = 30 * 86_400 * 1_000_000  # events and spine times over 30 days
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+
+def build(folder: Path, spine_rows: int, events: int, features: int, keys: int) -> None:
+    rng = np.random.default_rng(0)
+    columns: dict[str, Any] = {
+        "key": pa.array(rng.integers(0, keys, events)),
+        "observed_at": pa.array(BASE_US + rng.integers(0, SPAN_US, events)).view(TIMESTAMP),
+    }
+    for i in range(features):
+        columns[f"f{i}"] = pa.array(rng.random(events))
+    pq.write_table(pa.table(columns), folder / "events.parquet")
+    spine = {
+        "row_id": pa.array(np.arange(spine_rows, dtype=np.int32)),
+        "key": pa.array(rng.integers(0, keys, spine_rows)),
+        "ts": pa.array(BASE_US + rng.integers(0, SPAN_US, spine_rows)).view(TIMESTAMP),
+    }
+    pq.write_table(pa.table(spine), folder / "spine.parquet")
+
+
+def floor(folder: Path, features: int, per_feature: bool) -> int:
+    connection = duckdb.connect()
+    spine, events = folder / "spine.parquet", folder / "events.parquet"
+    names = [f"f{i}" for i in range(features)]
+    groups = [[name] for name in names] if per_feature else [names]
+    rows = 0
+    for group in groups:
+        selected = ", ".join(f"e.{name}" for name in group)
+        table = connection.sql(
+            f"select {selected} from read_parquet('{spine}') s "
+            f"asof left join read_parquet('{events}') e "
+            "on s.key = e.key and s.ts >= e.observed_at order by s.row_id"
+        ).to_arrow_table()
+        rows += table.num_rows
+    connection.close()
+    return rows
+
+
+def store_load(folder: Path, features: int) -> int:
+    events = pq.read_table(folder / "events.parquet")
+    store = DuckDBOfflineStore(folder / "offline.duckdb")
+    try:
+        for i in range(features):
+            store.write(
+                "bench",
+                f"f{i}",
+                ValueType("float", True),
+                ValueType("int"),
+                events.column("key"),
+                events.column("observed_at"),
+                events.column(f"f{i}"),
+            )
+    finally:
+        store.close()
+    return int(events.num_rows)
+
+
+def store_asof(folder: Path, features: int, ttl: timedelta | None) -> int:
+    spine = pq.read_table(folder / "spine.parquet")
+    store = DuckDBOfflineStore(folder / "offline.duckdb")
+    rows = 0
+    try:
+        for i in range(features):
+            rows += len(store.asof("bench", f"f{i}", spine["key"], spine["ts"], ttl))
+    finally:
+        store.close()
+    return rows
+
+
+def child(step: str, folder: Path, features: int) -> None:
+    started = time.perf_counter()
+    if step == "floor":
+        rows = floor(folder, features, per_feature=False)
+    elif step == "floor_per_feature":
+        rows = floor(folder, features, per_feature=True)
+    elif step == "store_load":
+        rows = store_load(folder, features)
+    elif step == "store_asof":
+        rows = store_asof(folder, features, None)
+    else:
+        rows = store_asof(folder, features, timedelta(days=7))
+    seconds = time.perf_counter() - started
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": seconds, "peak_mib": peak_mib, "rows": rows}))
+
+
+def measure(step: str, folder: Path, features: int) -> dict[str, float]:
+    done = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            step,
+            "--dir",
+            str(folder),
+            "--features",
+            str(features),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spine", type=int, default=1_000_000)
+    parser.add_argument("--events", type=int, default=10_000_000)
+    parser.add_argument("--features", type=int, default=5)
+    parser.add_argument("--keys", type=int, default=0, help="distinct keys (default: spine / 2)")
+    parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.dir, args.features)
+        return
+    with tempfile.TemporaryDirectory(prefix="kairos-offline-pit-") as scratch:
+        folder = args.dir or Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "offline.duckdb").unlink(missing_ok=True)
+        started = time.perf_counter()
+        build(folder, args.spine, args.events, args.features, args.keys or max(1, args.spine // 2))
+        print(
+            f"spine {args.spine:,} rows, events {args.events:,} rows x {args.features} features "
+            f"(built in {time.perf_counter() - started:.1f} s)"
+        )
+        steps = [
+            ("floor: one ASOF JOIN over Parquet", "floor"),
+            ("floor: one ASOF JOIN per feature", "floor_per_feature"),
+            ("store load (write per feature)", "store_load"),
+            ("store as-of (asof per feature)", "store_asof"),
+            ("store as-of, ttl 7d", "store_asof_ttl"),
+        ]
+        results = {step: measure(step, folder, args.features) for _, step in steps}
+        base = results["floor"]["seconds"]
+        print(f"{'step':<36} {'seconds':>9} {'x floor':>8} {'peak RSS MiB':>13}")
+        for label, step in steps:
+            r = results[step]
+            ratio = "" if step == "store_load" else f"{r['seconds'] / base:.2f}"
+            print(f"{label:<36} {r['seconds']:>9.2f} {ratio:>8} {r['peak_mib']:>13.0f}")
+
+
+if __name__ == "__main__":
+    main()
