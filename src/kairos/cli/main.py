@@ -42,6 +42,36 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.set_defaults(run=lambda a: _serve(a.project, a.host, a.port))
 
+    off = commands.add_parser("offline", help="compute features for a spine file (Parquet/CSV)")
+    off.add_argument("--project", default=".")
+    off.add_argument("--spine", required=True, help="Parquet or CSV with keys and a time column")
+    off.add_argument("--out", dest="outputs", action="append", default=[], metavar="FEATURE")
+    off.add_argument("--output", required=True, help="Parquet file to write")
+    off.add_argument("--timestamp", default="ts")
+    off.add_argument("--stored", action="store_true", help="read the offline store as of each row")
+    off.set_defaults(
+        run=lambda a: _history("offline")(
+            a.project, a.spine, a.outputs, a.output, a.timestamp, a.stored
+        )
+    )
+
+    mat = commands.add_parser("materialize", help="backfill features over a time range")
+    mat.add_argument("features", nargs="+", metavar="FEATURE")
+    mat.add_argument("--project", default=".")
+    mat.add_argument("--start", required=True)
+    mat.add_argument("--end", required=True)
+    mat.add_argument("--every", default="1d")
+    mat.add_argument("--keys", help="comma-separated primary keys")
+    mat.add_argument("--keys-sql", help="a query returning the keys in its first column")
+    mat.add_argument("--source", help="the source --keys-sql runs on")
+    mat.add_argument("--online", action="store_true", help="also update the online store")
+    mat.set_defaults(
+        run=lambda a: _history("materialize")(
+            a.project, a.features, a.start, a.end, a.every, a.keys, a.keys_sql, a.source,
+            a.online,
+        )
+    )  # fmt: skip
+
     log = commands.add_parser("log", help="read the query log")
     log_commands = log.add_subparsers(required=True, metavar="ACTION")
     show = log_commands.add_parser("show", help="what one logged query saw")
@@ -79,6 +109,12 @@ def _inputs(pairs: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             values[name] = text
     return values
+
+
+def _history(name: str) -> Any:
+    from kairos.cli import history
+
+    return getattr(history, name)
 
 
 def _init(folder: str) -> int:

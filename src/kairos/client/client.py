@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kairos.client.backfill import BackfillReport, Progress, materialize
 from kairos.client.config import Config
 from kairos.client.offline import Datasets, OfflineResult, offline_query
 from kairos.client.project import Project
@@ -264,6 +265,43 @@ class Client:
         recompute: bool | Sequence[Any] = True,
     ) -> OfflineResult:
         return await offline_query(self, spine, output, timestamp=timestamp, recompute=recompute)
+
+    def fetch(
+        self, source: str, sql: str, params: Sequence[Any] = ()
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run a read-only statement on a configured source (parameters bound by the driver)."""
+        if source not in self.sources:
+            raise InvalidInput(
+                f"unknown source {source!r}; configured: {', '.join(self.sources) or 'none'}",
+                field="source",
+            )
+        return self._sync(self.sources[source].fetch(sql, list(params)))
+
+    def materialize(
+        self,
+        *,
+        keys: Sequence[Any],
+        start: datetime,
+        end: datetime,
+        every: DurationLike,
+        features: Sequence[Any],
+        online: bool = False,
+        progress: Progress | None = None,
+    ) -> BackfillReport:
+        """Backfill `features` for `keys` at `start`, `start + every`, ... `end` into the
+        offline store (and, with `online`, each key's latest values into the online store)."""
+        return self._sync(
+            materialize(
+                self,
+                keys=keys,
+                start=start,
+                end=end,
+                every=every,
+                features=features,
+                online=online,
+                progress=progress,
+            )
+        )
 
     def _columns(
         self, input: Mapping[Any, Sequence[Any]] | Sequence[Mapping[Any, Any]]

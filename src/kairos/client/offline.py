@@ -16,6 +16,7 @@ earlier online queries and backfills; `recompute=[...]` recomputes just those fe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -100,11 +101,17 @@ async def offline_query(
     rows = len(times)
     row_times: list[datetime] = []
     for index, value in enumerate(times):
+        if isinstance(value, str):  # JSON bodies and CSV files carry ISO 8601 text
+            with contextlib.suppress(ValueError):
+                value = datetime.fromisoformat(value)
         if not isinstance(value, datetime):
             raise InvalidInput(
                 f"spine row {index}: {timestamp}={value!r} is not a datetime", field=timestamp
             )
-        row_times.append(to_utc(value))
+        try:
+            row_times.append(to_utc(value))
+        except InvalidValue as error:
+            raise InvalidInput(f"spine row {index}: {error}", field=timestamp) from None
     inputs = {client.name(name): values for name, values in columns.items()}
     names = [client.name(o) for o in output]
     if recompute is True:

@@ -328,6 +328,50 @@ class Server:
             }
         )
 
+    async def query_offline(self, request: Request) -> Response:
+        body = await read_json(request)
+        unknown = set(body) - {"spine", "outputs", "timestamp", "recompute"}
+        if unknown:
+            name = sorted(unknown)[0]
+            raise HTTPProblem(
+                422, "invalid_body",
+                f"unknown field {name!r}; use spine, outputs, timestamp, recompute", name,
+            )  # fmt: skip
+        spine = body.get("spine")
+        if not isinstance(spine, dict) or not all(isinstance(v, list) for v in spine.values()):
+            raise HTTPProblem(
+                422,
+                "invalid_body",
+                'spine maps columns to lists, e.g. {"user.id": ["u1"], "ts": ["2026-06-01"]}',
+                "spine",
+            )
+        if len({len(v) for v in spine.values()}) > 1:
+            raise HTTPProblem(422, "invalid_body", "spine columns differ in length", "spine")
+        timestamp = body.get("timestamp", "ts")
+        recompute = body.get("recompute", True)
+        if not isinstance(timestamp, str):
+            raise HTTPProblem(422, "invalid_body", "timestamp names a spine column", "timestamp")
+        if not isinstance(recompute, bool) and not (
+            isinstance(recompute, list) and all(isinstance(f, str) for f in recompute)
+        ):
+            raise HTTPProblem(
+                422, "invalid_body", "recompute is true, false or a list of features", "recompute"
+            )
+        result = await self.client.offline_query_async(
+            spine, _outputs(body), timestamp=timestamp, recompute=recompute
+        )
+        return json_response(
+            {
+                "rows": len(result),
+                "columns": result.table.to_pydict(),
+                "errors": [
+                    {"feature": e.feature, "code": e.code, "message": e.message, "row": e.row}
+                    for e in result.errors
+                ],
+                "query": result.query,
+            }
+        )
+
     async def log_get(self, request: Request) -> Response:
         query_id = request.path_params["query_id"]
         record = await asyncio.to_thread(self.client.log.get, query_id)
@@ -387,6 +431,7 @@ def create_app(
         Route("/v1/query/online", r("query_online", server.query_online), methods=["POST"]),
         Route("/v1/query/bulk", r("query_bulk", server.query_bulk), methods=["POST"]),
         Route("/v1/query/plan", r("query_plan", server.query_plan), methods=["POST"]),
+        Route("/v1/query/offline", r("query_offline", server.query_offline), methods=["POST"]),
         Route("/v1/log/{query_id}", r("log_get", server.log_get), methods=["GET"]),
         Route("/healthz", r("healthz", server.healthz, public=True), methods=["GET"]),
         Route("/readyz", r("readyz", server.readyz, public=True), methods=["GET"]),

@@ -99,6 +99,22 @@ def openapi_document() -> dict[str, Any]:
                         **_COMMON,
                     },
                 },
+                "OfflineQuery": {
+                    "type": "object",
+                    "required": ["spine", "outputs"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "spine": {"type": "object", "additionalProperties": {"type": "array"}},
+                        "outputs": _FEATURE_LIST,
+                        "timestamp": {"type": "string"},
+                        "recompute": {
+                            "oneOf": [
+                                {"type": "boolean"},
+                                {"type": "array", "items": {"type": "string"}},
+                            ]
+                        },
+                    },
+                },
                 "PlanQuery": {
                     "type": "object",
                     "required": ["inputs", "outputs"],
@@ -117,6 +133,14 @@ def openapi_document() -> dict[str, Any]:
                 "Compute features for many entities in one plan run",
                 "BulkQuery",
                 {"inputs": {"user.id": ["u0001", "u0002"]}, "outputs": ["user.risk"]},
+            ),
+            "/v1/query/offline": _post(
+                "Compute features for every spine row as of its time",
+                "OfflineQuery",
+                {
+                    "spine": {"user.id": ["u0001"], "ts": ["2026-06-01T12:00:00+00:00"]},
+                    "outputs": ["user.txn_count[7d]"],
+                },
             ),
             "/v1/query/plan": _post(
                 "Explain the plan for inputs and outputs",

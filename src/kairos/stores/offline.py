@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from kairos.definitions.types import ValueType
 from kairos.errors import InvalidInput, InvalidValue, KairosError
+from kairos.sources.url import take_options
 from kairos.stores import codec
 from kairos.stores.online import redact_url
 
@@ -422,7 +423,9 @@ def python_values(array: pa.Array, value_kind: str) -> list[Any]:
 
 def offline_store_from_url(url: str) -> OfflineStore:
     """The offline store a URL names: `duckdb:///relative/path.duckdb`,
-    `duckdb:////absolute/path.duckdb` or `duckdb:///:memory:`.
+    `duckdb:////absolute/path.duckdb`, `duckdb:///:memory:`, or a PostgreSQL database,
+    `postgresql://user@host:5432/db` (also `postgres://`), with `?schema=name` for the schema
+    its tables go in (created if missing; other options go to libpq).
 
     >>> store = offline_store_from_url("duckdb:///:memory:")
     >>> store
@@ -440,10 +443,22 @@ def offline_store_from_url(url: str) -> OfflineStore:
                 "duckdb:///:memory:"
             )
         return DuckDBOfflineStore(path)
+    if scheme in ("postgresql", "postgres"):
+        from kairos.stores.offline_postgres import PostgresOfflineStore
+
+        conninfo, options = take_options(url, {"schema"})
+        schema = options.get("schema")
+        if schema is not None and not schema:
+            raise KairosError(
+                f"offline store URL {redact_url(url)!r} has an empty ?schema=; name a schema "
+                "or leave the option out"
+            )
+        return PostgresOfflineStore(conninfo, schema)
     named = f"scheme {scheme!r}" if scheme else "no scheme"
     raise KairosError(
         f"offline store URL {redact_url(url)!r} has {named}; supported: "
-        "'duckdb:///path/to/offline.duckdb', 'duckdb:///:memory:'"
+        "'duckdb:///path/to/offline.duckdb', 'duckdb:///:memory:', "
+        "'postgresql://user@host:5432/db?schema=name'"
     )
 
 

@@ -1,0 +1,112 @@
+"""Backfills: compute features over a time range, as of a grid of times, into the offline
+store (and optionally the online store, where a backfilled value never replaces a newer one).
+
+    client.materialize(keys=["u1", "u2"], start=t0, end=t1, every="1d",
+                       features=[User.txn_count["7d"]], online=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from kairos.definitions.durations import DurationLike, parse_duration
+from kairos.definitions.types import ValueType
+from kairos.engine.values import to_utc
+from kairos.errors import InvalidInput, KairosError
+from kairos.stores.online import StoredValue
+
+if TYPE_CHECKING:
+    from kairos.client.client import Client
+
+ANY = ValueType("any", True)
+Progress = Callable[[int, int], None]  # (rows done, rows in all)
+
+
+@dataclass(frozen=True)
+class BackfillReport:
+    rows: int  # spine rows computed (keys x times)
+    values: int  # feature values written to the offline store
+    online: int  # latest values offered to the online store
+    errors: int  # feature values that failed (null, with an error)
+
+
+def time_grid(start: datetime, end: datetime, every: timedelta) -> list[datetime]:
+    """start, start + every, ... up to and including end."""
+    if every <= timedelta(0):
+        raise InvalidInput("every must be a positive duration, e.g. '1h'", field="every")
+    start, end = to_utc(start), to_utc(end)
+    if end < start:
+        raise InvalidInput(f"end {end.isoformat()} is before start {start.isoformat()}")
+    times = []
+    moment = start
+    while moment <= end:
+        times.append(moment)
+        moment += every
+    return times
+
+
+async def materialize(
+    client: Client,
+    *,
+    keys: Sequence[Any],
+    start: datetime,
+    end: datetime,
+    every: DurationLike,
+    features: Sequence[Any],
+    online: bool = False,
+    chunk: int = 5000,
+    progress: Progress | None = None,
+) -> BackfillReport:
+    names = [client.name(f) for f in features]
+    if not names:
+        raise InvalidInput("name at least one feature to backfill", field="features")
+    refs = [client.graph.ref(n) for n in names]
+    roots = {ref.root for ref in refs}
+    if len(roots) != 1 or any(ref.path for ref in refs):
+        raise InvalidInput(
+            "backfill features of one class, without relations (e.g. user.txn_count[7d])",
+            field="features",
+        )
+    root = roots.pop()
+    info = client.graph.cls(root)
+    key_name = f"{root}.{info.primary}"
+    key_type = info.features[info.primary].type or ANY
+    types = {n: client.graph.info(r).type or ANY for n, r in zip(names, refs, strict=True)}
+    times = time_grid(start, end, parse_duration(every, field="every"))
+    if client.offline_writer is None:
+        raise KairosError(
+            "this client keeps no offline store to backfill into; set offline_store in "
+            "kairos.yaml (e.g. duckdb:///.kairos/offline.duckdb)"
+        )
+    spine = [(key, moment) for moment in times for key in keys]
+    total = len(spine)
+    written = errors = 0
+    latest: dict[tuple[Any, str], StoredValue] = {}
+    for begin in range(0, total, chunk):
+        part = spine[begin : begin + chunk]
+        result = await client.offline_query_async(
+            {key_name: [k for k, _ in part], "ts": [t for _, t in part]}, names
+        )
+        errors += len(result.errors)
+        observations = []
+        for name in names:
+            feature = client.graph.info(client.graph.ref(name)).name
+            for (key, moment), value in zip(part, result.column(name), strict=True):
+                if value is None:
+                    continue
+                observations.append((root, feature, types[name], key_type, key, moment, value))
+                stored = latest.get((key, feature))
+                if stored is None or stored.observed_at <= moment:
+                    latest[(key, feature)] = StoredValue(value, moment)
+        client.offline_writer.add(observations)
+        written += len(observations)
+        if progress is not None:
+            progress(min(begin + chunk, total), total)
+    client.offline_writer.flush()
+    if online and latest:
+        # The store keeps the newest observed_at: a backfill never replaces a newer value.
+        await client.store.put([((root, key, f), v) for (key, f), v in latest.items()])
+    return BackfillReport(total, written, len(latest) if online else 0, errors)

@@ -1,0 +1,415 @@
+"""The offline store in PostgreSQL: the DuckDB store's tables and as-of semantics, shared by
+every process that can reach the database.
+
+One table per (namespace, feature), created on the first write, with columns
+`(key, observed_at, inserted_at, value, event_id)` and an index on
+`(key, observed_at, inserted_at, event_id)`; `event_id` is an identity column, so a tie on
+`(observed_at, inserted_at)` goes to the row written last. List, dict and `any` values are kept
+as `text` in the exact JSON of `kairos.stores.codec` (`jsonb` would reorder keys and drop the
+codec's `-0.0`), so they decode as they do from DuckDB.
+
+An as-of read sends the spine as three arrays (keys, times, and `WITH ORDINALITY` for the row
+id) and answers each row with one backward index probe (`LEFT JOIN LATERAL ... LIMIT 1`); the
+ttl is checked on that latest event only, since every older one is older still.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from kairos.definitions.types import ValueType
+from kairos.errors import InvalidInput, InvalidValue, KairosError
+from kairos.sources.url import redact, scrub
+from kairos.stores.offline import (
+    _KEY_TYPES,
+    _VALUE_TYPES,
+    Column,
+    _aware,
+    _column,
+    _key_kind,
+    _times,
+    _value_kind,
+    _values,
+    table_name,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg import sql
+
+# value kind -> (PostgreSQL column type, psycopg type name for binary COPY)
+_PG_VALUE_TYPES: dict[str, tuple[str, str]] = {
+    "bool": ("boolean", "bool"),
+    "int": ("bigint", "int8"),
+    "float": ("double precision", "float8"),
+    "str": ("text", "text"),
+    "datetime": ("timestamptz", "timestamptz"),
+    "date": ("date", "date"),
+    "timedelta": ("interval", "interval"),
+    "list": ("text", "text"),
+    "dict": ("text", "text"),
+    "any": ("text", "text"),
+}
+_PG_KEY_TYPES: dict[str, tuple[str, str]] = {"int": ("bigint", "int8"), "str": ("text", "text")}
+_MAX_IDENTIFIER = 63  # PostgreSQL cuts longer names, which could drop the hash that keeps
+# them unique
+
+_CATALOG = """
+create table if not exists {catalog} (
+    namespace text not null,
+    feature text not null,
+    table_name text not null unique,
+    value_kind text not null,
+    key_kind text not null,
+    primary key (namespace, feature)
+)
+"""
+
+_ASOF = """
+select {value}
+from unnest({keys}, %(times)s::timestamptz[]) with ordinality as spine(key, ts, row_id)
+left join lateral (
+    select event.observed_at, event.value
+    from {table} as event
+    where event.key = spine.key and event.observed_at <= spine.ts
+    order by event.observed_at desc, event.inserted_at desc, event.event_id desc
+    limit 1
+) as latest on true
+order by spine.row_id
+"""
+
+_KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
+
+
+def postgres_table_name(namespace: str, feature: str) -> str:
+    """`table_name`, shortened (keeping its hash) to fit PostgreSQL's 63-character names.
+
+    >>> postgres_table_name("user", "txn_count[7d]")
+    'f__user__txn_count_7d__50253148eb'
+    """
+    name = table_name(namespace, feature)
+    if len(name) <= _MAX_IDENTIFIER:
+        return name
+    return f"{name[: _MAX_IDENTIFIER - 13].rstrip('_')}__{name[-10:]}"
+
+
+class PostgresOfflineStore:
+    """Offline store in a PostgreSQL database (in `schema`, created if missing; else the
+    connection's search path). `conninfo` is a libpq URL or `key=value` string.
+
+    The store owns one connection behind a lock; a lost connection is reopened on next use.
+
+    >>> store = PostgresOfflineStore("postgresql://postgres@127.0.0.1:5432/test", "demo")
+    >>> t = datetime(2026, 1, 1, tzinfo=UTC)
+    >>> store.write("user", "age", ValueType("int"), ValueType("str"), ["u1"], [t], [41])
+    >>> store.asof("user", "age", ["u1", "u1"], [t, t - timedelta(days=1)]).to_pylist()
+    [41, None]
+    >>> store.close()
+    """
+
+    def __init__(self, conninfo: str, schema: str | None = None) -> None:
+        if schema is not None and not schema:
+            raise InvalidInput("offline store schema is empty; name one, or pass None")
+        self._conninfo = conninfo
+        self.name = redact(conninfo) if "://" in conninfo else _KV_PASSWORD.sub(r"\1***", conninfo)
+        self.schema = schema
+        self._lock = threading.Lock()
+        self._connection: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._closed = False
+        self._tables: dict[tuple[str, str], tuple[str, str, str]] = {}
+        self._last_inserted_at = datetime.min.replace(tzinfo=UTC)
+        with self._lock:
+            self._live()
+
+    def __repr__(self) -> str:
+        schema = "" if self.schema is None else f", schema={self.schema!r}"
+        return f"PostgresOfflineStore({self.name!r}{schema})"
+
+    def write(
+        self,
+        namespace: str,
+        feature: str,
+        value_type: ValueType,
+        key_type: ValueType,
+        keys: Column,
+        observed_at: Column,
+        values: Column,
+        inserted_at: datetime | None = None,
+    ) -> None:
+        """Append events `(keys[i], observed_at[i], values[i])`, all inserted at `inserted_at`
+        (default: now, and never twice the same instant in one store), in one transaction."""
+        import psycopg
+        from psycopg import sql
+
+        name = f"{namespace}.{feature}"
+        value_kind, key_kind = _value_kind(name, value_type), _key_kind(name, key_type)
+        if not len(keys) == len(observed_at) == len(values):
+            raise InvalidInput(
+                f"write of {name!r}: keys, observed_at and values have lengths {len(keys)}, "
+                f"{len(observed_at)} and {len(values)}; pass one of each per event"
+            )
+        key_column = _column(keys, _KEY_TYPES[key_kind][1], f"{name} key")
+        if key_column.null_count:
+            raise InvalidValue(f"write of {name!r}: a key is None; every event needs its key")
+        observed_column = _times(observed_at, f"{name} observed_at")
+        if observed_column.null_count:
+            raise InvalidValue(f"write of {name!r}: an observed_at is None; every event needs one")
+        value_column = _values(values, value_kind, name)
+        if inserted_at is not None:
+            _aware(inserted_at, f"{name} inserted_at")
+        with self._lock:
+            connection = self._live()
+            if inserted_at is None:
+                # strictly increasing, so a later write wins a tie on observed_at on its own
+                now = datetime.now(UTC)
+                inserted_at = max(now, self._last_inserted_at + timedelta(microseconds=1))
+                self._last_inserted_at = inserted_at
+            if not len(key_column):
+                return
+            types = [
+                _PG_KEY_TYPES[key_kind][1],
+                "timestamptz",
+                "timestamptz",
+                _PG_VALUE_TYPES[value_kind][1],
+            ]
+            try:
+                with connection.transaction():
+                    table = self._ensure_table(connection, namespace, feature, value_kind, key_kind)
+                    copy = sql.SQL(
+                        "copy {} (key, observed_at, inserted_at, value) from stdin (format binary)"
+                    ).format(table)
+                    with connection.cursor() as cursor, cursor.copy(copy) as rows:
+                        rows.set_types(types)
+                        for key, at, value in zip(
+                            key_column.to_pylist(),
+                            observed_column.to_pylist(),
+                            value_column.to_pylist(),
+                            strict=True,
+                        ):
+                            rows.write_row((key, at, inserted_at, value))
+            except psycopg.Error as error:
+                self._tables.pop((namespace, feature), None)
+                raise KairosError(
+                    f"{self!r}: cannot write {name!r}: {self._scrub(error)}"
+                ) from None
+            except BaseException:
+                self._tables.pop((namespace, feature), None)
+                raise
+
+    def asof(
+        self,
+        namespace: str,
+        feature: str,
+        keys: Column,
+        times: Column,
+        ttl: timedelta | None = None,
+    ) -> pa.Array:
+        """For each spine row i, the feature's latest value with observed_at <= times[i] (and
+        > times[i] - ttl), else null; in spine order. Null keys and null times give null."""
+        import psycopg
+        from psycopg import sql
+
+        name = f"{namespace}.{feature}"
+        if len(keys) != len(times):
+            raise InvalidInput(
+                f"as-of read of {name!r}: {len(keys)} keys but {len(times)} times; the spine "
+                "needs one time per key"
+            )
+        if ttl is not None and ttl <= timedelta(0):
+            raise InvalidInput(f"as-of read of {name!r}: ttl {ttl!r} must be positive, or None")
+        time_column = _times(times, f"{name} times")
+        with self._lock:
+            connection = self._live()
+            try:
+                found = self._table_of(connection, namespace, feature)
+                if found is None:
+                    return pa.nulls(len(time_column))
+                table, value_kind, key_kind = found
+                arrow_type = _VALUE_TYPES[value_kind][1]
+                key_column = _column(keys, _KEY_TYPES[key_kind][1], f"{name} key")
+                if not len(time_column) or time_column.null_count == len(time_column):
+                    return pa.nulls(len(time_column), arrow_type)
+                value = sql.SQL("latest.value")
+                parameters: dict[str, Any] = {
+                    "keys": key_column.to_pylist(),
+                    "times": time_column.to_pylist(),
+                }
+                if ttl is not None:
+                    # interval arithmetic, so no huge ttl can overflow a timestamp
+                    value = sql.SQL(
+                        "case when spine.ts - latest.observed_at < %(ttl)s::interval "
+                        "then latest.value end"
+                    )
+                    parameters["ttl"] = ttl
+                query = sql.SQL(_ASOF).format(
+                    value=value,
+                    keys=sql.SQL("%(keys)s::{}[]").format(sql.SQL(_PG_KEY_TYPES[key_kind][0])),
+                    table=table,
+                )
+                with connection.cursor(binary=True) as cursor:
+                    cursor.execute(query, parameters)
+                    rows = cursor.fetchall()
+            except psycopg.Error as error:
+                raise KairosError(f"{self!r}: cannot read {name!r}: {self._scrub(error)}") from None
+        return pa.array([row[0] for row in rows], arrow_type)
+
+    def value_kind(self, namespace: str, feature: str) -> str | None:
+        """The value kind a feature was written with (`int`, `list`...), None if never written."""
+        import psycopg
+
+        with self._lock:
+            connection = self._live()
+            try:
+                found = self._table_of(connection, namespace, feature)
+            except psycopg.Error as error:
+                raise KairosError(
+                    f"{self!r}: cannot read '{namespace}.{feature}': {self._scrub(error)}"
+                ) from None
+        return None if found is None else found[1]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                connection.close()
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _scrub(self, error: BaseException) -> str:
+        text = str(error).strip()
+        if "://" in self._conninfo:
+            return scrub(text, self._conninfo)
+        for match in _KV_PASSWORD.finditer(self._conninfo):
+            secret = match.group(2)
+            for form in {secret, secret.strip("'")}:
+                if form:
+                    text = text.replace(form, "***")
+        return text
+
+    def _qualified(self, name: str) -> sql.Identifier:
+        from psycopg import sql
+
+        return sql.Identifier(name) if self.schema is None else sql.Identifier(self.schema, name)
+
+    def _live(self) -> psycopg.Connection[tuple[Any, ...]]:
+        """The open connection (opened, or reopened after a loss); call with the lock held."""
+        import psycopg
+        from psycopg import sql
+
+        if self._closed:
+            raise KairosError(f"{self!r} is closed; create a new store")
+        if self._connection is not None and not self._connection.broken:
+            return self._connection
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        try:
+            connection = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
+        except psycopg.Error as error:
+            raise KairosError(
+                f"cannot open offline store {self!r}: {self._scrub(error)} (is the server "
+                "running, and the URL's host, port, user and database right?)"
+            ) from None
+        try:
+            connection.execute("set time zone 'UTC'")
+            with connection.transaction():
+                # two processes starting at once would race on create ... if not exists
+                connection.execute(
+                    "select pg_advisory_xact_lock(hashtext(%s))",
+                    (f"kairos:offline:{self.schema}",),
+                )
+                if self.schema is not None:
+                    connection.execute(
+                        sql.SQL("create schema if not exists {}").format(
+                            sql.Identifier(self.schema)
+                        )
+                    )
+                connection.execute(
+                    sql.SQL(_CATALOG).format(catalog=self._qualified("kairos_offline_features"))
+                )
+        except psycopg.Error as error:
+            connection.close()
+            raise KairosError(f"cannot open offline store {self!r}: {self._scrub(error)}") from None
+        self._connection = connection
+        return connection
+
+    def _table_of(
+        self, connection: psycopg.Connection[tuple[Any, ...]], namespace: str, feature: str
+    ) -> tuple[sql.Identifier, str, str] | None:
+        found = self._tables.get((namespace, feature))
+        if found is None:
+            from psycopg import sql
+
+            row = connection.execute(
+                sql.SQL(
+                    "select table_name, value_kind, key_kind from {} "
+                    "where namespace = %s and feature = %s"
+                ).format(self._qualified("kairos_offline_features")),
+                (namespace, feature),
+            ).fetchone()
+            if row is None:
+                return None
+            found = (str(row[0]), str(row[1]), str(row[2]))
+            self._tables[(namespace, feature)] = found
+        return self._qualified(found[0]), found[1], found[2]
+
+    def _ensure_table(
+        self,
+        connection: psycopg.Connection[tuple[Any, ...]],
+        namespace: str,
+        feature: str,
+        value_kind: str,
+        key_kind: str,
+    ) -> sql.Identifier:
+        from psycopg import sql
+
+        found = self._table_of(connection, namespace, feature)
+        if found is None:
+            table = postgres_table_name(namespace, feature)
+            connection.execute(
+                "select pg_advisory_xact_lock(hashtext(%s))",
+                (f"kairos:offline:{self.schema}:{table}",),
+            )
+            connection.execute(
+                sql.SQL(
+                    "create table if not exists {} (key {} not null, "
+                    "observed_at timestamptz not null, inserted_at timestamptz not null, "
+                    "value {}, event_id bigint generated always as identity)"
+                ).format(
+                    self._qualified(table),
+                    sql.SQL(_PG_KEY_TYPES[key_kind][0]),
+                    sql.SQL(_PG_VALUE_TYPES[value_kind][0]),
+                )
+            )
+            connection.execute(
+                sql.SQL(
+                    "create index if not exists {} on {} (key, observed_at, inserted_at, event_id)"
+                ).format(sql.Identifier("i" + table[1:]), self._qualified(table))
+            )
+            # another process may have registered it first: keep its row, read it back
+            connection.execute(
+                sql.SQL("insert into {} values (%s, %s, %s, %s, %s) on conflict do nothing").format(
+                    self._qualified("kairos_offline_features")
+                ),
+                (namespace, feature, table, value_kind, key_kind),
+            )
+            found = self._table_of(connection, namespace, feature)
+            if found is None:  # pragma: no cover - the insert above guarantees a row
+                raise KairosError(f"{self!r}: cannot register '{namespace}.{feature}'")
+        table_identifier, stored_value, stored_key = found
+        if (_PG_VALUE_TYPES[stored_value][0], stored_key) != (
+            _PG_VALUE_TYPES[value_kind][0],
+            key_kind,
+        ):
+            raise InvalidValue(
+                f"write of '{namespace}.{feature}': it is stored with {stored_value} values "
+                f"and {stored_key} keys, not {value_kind} values and {key_kind} keys; write "
+                "it with the types it was first written with"
+            )
+        return table_identifier
