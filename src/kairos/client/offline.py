@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kairos.client.fingerprint import definitions_fingerprint
 from kairos.engine.result import FeatureError
@@ -90,6 +91,8 @@ async def offline_query(
     timestamp: str = "ts",
     recompute: bool | Sequence[Any] = True,
 ) -> OfflineResult:
+    if recompute is False:
+        return await asyncio.to_thread(_stored_query, client, spine, output, timestamp)
     columns = spine_columns(spine)
     if timestamp not in columns:
         raise InvalidInput(
@@ -116,8 +119,6 @@ async def offline_query(
     names = [client.name(o) for o in output]
     if recompute is True:
         computed = names
-    elif recompute is False:
-        computed = []
     else:
         computed = [client.name(f) for f in recompute]
         unknown = sorted(set(computed) - set(names))
@@ -171,12 +172,82 @@ async def offline_query(
     return OfflineResult(arrow, errors, query)
 
 
+def arrow_spine(spine: Any) -> pa.Table:
+    """The spine as an Arrow table, without a Python loop over its rows where possible."""
+    if isinstance(spine, pa.Table):
+        return spine
+    try:
+        if hasattr(spine, "to_arrow"):  # polars
+            return spine.to_arrow()
+        if hasattr(spine, "to_dict") and hasattr(spine, "columns"):  # pandas
+            return pa.Table.from_pandas(spine, preserve_index=False)
+        return pa.table(spine_columns(spine))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as error:
+        raise InvalidInput(
+            f"the spine is not a table: {error}; give each column values of one type",
+            field="spine",
+        ) from None
+
+
+def _stored_query(
+    client: Client, spine: Any, output: Sequence[Any], timestamp: str
+) -> OfflineResult:
+    """`recompute=False`: every output read as of each row, columnar end to end (a million
+    spine rows never become Python objects, except values of list/dict features)."""
+    table = arrow_spine(spine)
+    if timestamp not in table.column_names:
+        raise InvalidInput(
+            f"the spine has no timestamp column {timestamp!r} (columns: "
+            f"{', '.join(table.column_names) or 'none'}); add one or pass timestamp=",
+            field=timestamp,
+        )
+    times = table.column(timestamp)
+    if pa.types.is_string(times.type) or pa.types.is_large_string(times.type):
+        times = pa.array(_parse_times(times.to_pylist(), timestamp), pa.timestamp("us", "UTC"))
+    if not pa.types.is_timestamp(times.type):
+        raise InvalidInput(
+            f"spine column {timestamp!r} holds {times.type}, not times", field=timestamp
+        )
+    if times.type.tz is None:  # naive times are UTC, as everywhere in kairos
+        times = pc.assume_timezone(times, "UTC")
+    names = [client.name(o) for o in output]
+    if not names:
+        raise InvalidInput("name at least one output", field="outputs")
+    root = client.graph.ref(names[0]).root
+    inputs = {client.name(n): table.column(n) for n in table.column_names if n != timestamp}
+    found = _stored_values(client, root, inputs, names, times)
+    for name in names:
+        value = found[name]
+        table = table.append_column(
+            name, value if isinstance(value, pa.Array | pa.ChunkedArray) else pa.array(value)
+        )
+    query = {
+        "outputs": names,
+        "timestamp": timestamp,
+        "recompute": [],
+        "spine_rows": table.num_rows,
+    }
+    return OfflineResult(table, [], query)
+
+
+def _parse_times(texts: list[Any], timestamp: str) -> list[datetime | None]:
+    parsed: list[datetime | None] = []
+    for index, text in enumerate(texts):
+        try:
+            parsed.append(None if text is None else to_utc(datetime.fromisoformat(text)))
+        except (ValueError, InvalidValue):
+            raise InvalidInput(
+                f"spine row {index}: {timestamp}={text!r} is not a datetime", field=timestamp
+            ) from None
+    return parsed
+
+
 def _stored_values(
     client: Client,
     root: str,
-    inputs: dict[str, list[Any]],
+    inputs: dict[str, Any],
     names: list[str],
-    times: list[datetime],
+    times: Any,
 ) -> dict[str, Any]:
     """As-of reads from the offline store: per row, the latest value at or before its time,
     following has-one relations hop by hop (the foreign key as of then, then its target)."""
@@ -196,7 +267,7 @@ def _stored_values(
             relation = client.graph.feature(namespace, hop)
             if relation.join_key is None or relation.target is None:  # pragma: no cover
                 raise InvalidInput(f"{name!r}: {namespace}.{hop} is not a has-one relation")
-            keys = store.asof(namespace, relation.join_key, keys, times).to_pylist()
+            keys = store.asof(namespace, relation.join_key, keys, times)
             namespace = relation.target
         feature = client.graph.walk(ref)[1].name
         array = store.asof(namespace, feature, keys, times)
