@@ -9,7 +9,9 @@ files, then measures, each in its own child process (so peak RSS is that step's 
   tie-breaking on inserted_at, no ttl: the least work a correct-looking answer can take);
 - floor, one join per feature: the same join once per feature column (the store's shape);
 - store load: the events written into a fresh store file, one `write` per feature;
-- store as-of: `asof` for every feature over the whole spine, from that file.
+- store as-of: `asof` for every feature over the whole spine, from that file;
+- client offline_query: `client.offline_query(spine, outputs, recompute=False)` end to end
+  (what a user calls), over the same store file.
 
 This machine is shared and noisy: only the same-run ratios mean anything.
 """
@@ -104,6 +106,23 @@ def store_asof(folder: Path, features: int, ttl: timedelta | None) -> int:
     return rows
 
 
+def client_offline(folder: Path, features: int) -> int:
+    import kairos as kr
+
+    fields = {"key": kr.Primary[int], **{f"f{i}": float for i in range(features)}}
+    bench = kr.features(type("Bench", (), {"__annotations__": fields}))
+    spine = pq.read_table(folder / "spine.parquet").select(["key", "ts"])
+    spine = spine.rename_columns(["bench.key", "ts"])
+    outputs = [f"bench.f{i}" for i in range(features)]
+    with kr.Client(
+        definitions=[bench],
+        offline_store=f"duckdb:///{folder / 'offline.duckdb'}",
+        query_log="none://",
+    ) as client:
+        result = client.offline_query(spine, outputs, recompute=False)
+    return len(result) * features
+
+
 def child(step: str, folder: Path, features: int) -> None:
     started = time.perf_counter()
     if step == "floor":
@@ -114,6 +133,8 @@ def child(step: str, folder: Path, features: int) -> None:
         rows = store_load(folder, features)
     elif step == "store_asof":
         rows = store_asof(folder, features, None)
+    elif step == "client_offline":
+        rows = client_offline(folder, features)
     else:
         rows = store_asof(folder, features, timedelta(days=7))
     seconds = time.perf_counter() - started
@@ -169,6 +190,7 @@ def main() -> None:
             ("store load (write per feature)", "store_load"),
             ("store as-of (asof per feature)", "store_asof"),
             ("store as-of, ttl 7d", "store_asof_ttl"),
+            ("client offline_query(recompute=False)", "client_offline"),
         ]
         results = {step: measure(step, folder, args.features) for _, step in steps}
         base = results["floor"]["seconds"]
