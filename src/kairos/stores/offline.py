@@ -20,6 +20,7 @@ import hashlib
 import re
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
@@ -130,6 +131,48 @@ class OfflineStore(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class CheckedEvents:
+    """A write's columns, checked and typed for the store."""
+
+    name: str
+    value_kind: str
+    key_kind: str
+    keys: pa.Array
+    observed_at: pa.Array
+    values: pa.Array
+
+
+def checked_events(
+    namespace: str,
+    feature: str,
+    value_type: ValueType,
+    key_type: ValueType,
+    keys: Column,
+    observed_at: Column,
+    values: Column,
+    inserted_at: datetime | None,
+) -> CheckedEvents:
+    """Validate a write (lengths, no null keys or times, value types) for any backend."""
+    name = f"{namespace}.{feature}"
+    value_kind, key_kind = _value_kind(name, value_type), _key_kind(name, key_type)
+    if not len(keys) == len(observed_at) == len(values):
+        raise InvalidInput(
+            f"write of {name!r}: keys, observed_at and values have lengths {len(keys)}, "
+            f"{len(observed_at)} and {len(values)}; pass one of each per event"
+        )
+    key_column = _column(keys, _KEY_TYPES[key_kind][1], f"{name} key")
+    if key_column.null_count:
+        raise InvalidValue(f"write of {name!r}: a key is None; every event needs its key")
+    observed_column = _times(observed_at, f"{name} observed_at")
+    if observed_column.null_count:
+        raise InvalidValue(f"write of {name!r}: an observed_at is None; every event needs one")
+    value_column = _values(values, value_kind, name)
+    if inserted_at is not None:
+        _aware(inserted_at, f"{name} inserted_at")
+    return CheckedEvents(name, value_kind, key_kind, key_column, observed_column, value_column)
+
+
 def table_name(namespace: str, feature: str) -> str:
     """The DuckDB table of a feature: readable, and unique thanks to a hash of both names.
 
@@ -200,22 +243,12 @@ class DuckDBOfflineStore:
     ) -> None:
         """Append events `(keys[i], observed_at[i], values[i])`, all inserted at `inserted_at`
         (default: now, and never twice the same instant in one store), in one transaction."""
-        name = f"{namespace}.{feature}"
-        value_kind, key_kind = _value_kind(name, value_type), _key_kind(name, key_type)
-        if not len(keys) == len(observed_at) == len(values):
-            raise InvalidInput(
-                f"write of {name!r}: keys, observed_at and values have lengths {len(keys)}, "
-                f"{len(observed_at)} and {len(values)}; pass one of each per event"
-            )
-        key_column = _column(keys, _KEY_TYPES[key_kind][1], f"{name} key")
-        if key_column.null_count:
-            raise InvalidValue(f"write of {name!r}: a key is None; every event needs its key")
-        observed_column = _times(observed_at, f"{name} observed_at")
-        if observed_column.null_count:
-            raise InvalidValue(f"write of {name!r}: an observed_at is None; every event needs one")
-        value_column = _values(values, value_kind, name)
-        if inserted_at is not None:
-            _aware(inserted_at, f"{name} inserted_at")
+        batch_in = checked_events(
+            namespace, feature, value_type, key_type, keys, observed_at, values, inserted_at
+        )
+        name, value_kind, key_kind = batch_in.name, batch_in.value_kind, batch_in.key_kind
+        key_column, observed_column = batch_in.keys, batch_in.observed_at
+        value_column = batch_in.values
         with self._lock:
             connection = self._live()
             if inserted_at is None:

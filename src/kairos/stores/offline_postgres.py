@@ -29,12 +29,9 @@ from kairos.stores.offline import (
     _KEY_TYPES,
     _VALUE_TYPES,
     Column,
-    _aware,
     _column,
-    _key_kind,
     _times,
-    _value_kind,
-    _values,
+    checked_events,
     table_name,
 )
 
@@ -146,22 +143,12 @@ class PostgresOfflineStore:
         import psycopg
         from psycopg import sql
 
-        name = f"{namespace}.{feature}"
-        value_kind, key_kind = _value_kind(name, value_type), _key_kind(name, key_type)
-        if not len(keys) == len(observed_at) == len(values):
-            raise InvalidInput(
-                f"write of {name!r}: keys, observed_at and values have lengths {len(keys)}, "
-                f"{len(observed_at)} and {len(values)}; pass one of each per event"
-            )
-        key_column = _column(keys, _KEY_TYPES[key_kind][1], f"{name} key")
-        if key_column.null_count:
-            raise InvalidValue(f"write of {name!r}: a key is None; every event needs its key")
-        observed_column = _times(observed_at, f"{name} observed_at")
-        if observed_column.null_count:
-            raise InvalidValue(f"write of {name!r}: an observed_at is None; every event needs one")
-        value_column = _values(values, value_kind, name)
-        if inserted_at is not None:
-            _aware(inserted_at, f"{name} inserted_at")
+        batch_in = checked_events(
+            namespace, feature, value_type, key_type, keys, observed_at, values, inserted_at
+        )
+        name, value_kind, key_kind = batch_in.name, batch_in.value_kind, batch_in.key_kind
+        key_column, observed_column = batch_in.keys, batch_in.observed_at
+        value_column = batch_in.values
         with self._lock:
             connection = self._live()
             if inserted_at is None:
