@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import logging
 import math
-import queue
 import re
 import sqlite3
 import threading
@@ -597,8 +597,11 @@ class BatchedQueryLog:
         self._max_wait = max_wait
         self._put_timeout = put_timeout
         self._retry_for = retry_for
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queue)
-        self._wake = threading.Event()  # set by flush() and close(): write without waiting
+        # A deque, not a queue.Queue: appending takes no lock and wakes no thread; the writer
+        # drains it every max_wait (or at once when flush() or close() set _wake).
+        self._pending: collections.deque[object] = collections.deque()
+        self._max_queue = max_queue
+        self._wake = threading.Event()
         self._closed = False
         self._state_lock = threading.Lock()
         self._dropped = 0
@@ -660,13 +663,19 @@ class BatchedQueryLog:
                 ", ".join(sorted(unkept)),
                 record.query_id,
             )
-        try:
-            if self._put_timeout > 0:
-                self._queue.put(row, timeout=self._put_timeout)
-            else:
-                self._queue.put_nowait(row)
-        except queue.Full:
-            self._drop(f"its queue is full ({self._queue.maxsize} records)")
+        if len(self._pending) >= self._max_queue and not self._wait_for_room():
+            self._drop(f"its queue is full ({self._max_queue} records)")
+            return
+        self._pending.append(row)
+
+    def _wait_for_room(self) -> bool:
+        deadline = time.monotonic() + self._put_timeout
+        while time.monotonic() < deadline:
+            self._wake.set()
+            time.sleep(0.001)
+            if len(self._pending) < self._max_queue:
+                return True
+        return False
 
     def _drop(self, why: str) -> None:
         with self._state_lock:
@@ -688,14 +697,11 @@ class BatchedQueryLog:
         deadline = time.monotonic() + timeout
         lost_before = self.lost
         marker = _FlushMarker(threading.Event())
-        try:
-            if self._writer.is_alive():
-                self._queue.put(marker, timeout=timeout)
-                self._wake.set()
-            else:
-                marker.done.set()  # closed: nothing is pending
-        except queue.Full:
-            pass  # the writer is stuck; reported as a timeout below
+        if self._writer.is_alive():
+            self._pending.append(marker)
+            self._wake.set()
+        else:
+            marker.done.set()  # closed: nothing is pending
         while not marker.done.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
             if not self._writer.is_alive():
                 break  # close() ran meanwhile; it wrote what was queued before it
@@ -740,12 +746,9 @@ class BatchedQueryLog:
                 return
             self._closed = True
         atexit.unregister(self.close)
-        try:
-            self._queue.put(_STOP, timeout=timeout)
-            self._wake.set()
-            self._writer.join(timeout)
-        except queue.Full:
-            pass
+        self._pending.append(_STOP)
+        self._wake.set()
+        self._writer.join(timeout)
         if self._writer.is_alive():
             logger.warning(
                 "query log %s: the writer did not finish within %ss; pending records are lost",
@@ -763,19 +766,19 @@ class BatchedQueryLog:
     # -- writer thread --
 
     def _run(self) -> None:
-        take = self._queue.get
         stopping = False
         try:
             while not stopping:
-                first = take()
-                # Gather a batch for up to max_wait, unless a flush or close wants it now.
-                # Sleeping on one event (not waking per record) keeps the writer off the GIL.
-                if isinstance(first, _Row):
-                    self._wake.wait(self._max_wait)
+                # A batch is whatever arrived in the last max_wait; flush() and close() cut
+                # the wait short. Idle, this wakes max_wait-ly and finds nothing.
+                self._wake.wait(self._max_wait)
                 self._wake.clear()
+                items = self._take_all()
+                if not items:
+                    continue
                 records: list[_Row] = []
                 markers: list[_FlushMarker] = []
-                for item in [first, *self._take_all()]:
+                for item in items:
                     if isinstance(item, _Row):
                         records.append(item)
                     elif isinstance(item, _FlushMarker):
@@ -791,11 +794,10 @@ class BatchedQueryLog:
 
     def _take_all(self) -> list[object]:
         items: list[object] = []
-        while True:
-            try:
-                items.append(self._queue.get(block=False))
-            except queue.Empty:
-                return items
+        pending = self._pending
+        while pending:
+            items.append(pending.popleft())
+        return items
 
     def _write(self, rows: Sequence[_Row]) -> None:
         if not rows:
