@@ -23,11 +23,13 @@ from kairos.client.project import Project
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.feature import Feature
 from kairos.definitions.graph import Graph
+from kairos.definitions.windows import indexed_window
 from kairos.engine.execution import Engine
 from kairos.engine.result import BulkResult, FeatureValue, NodeTiming, QueryMeta, QueryResult
 from kairos.engine.rows import normalize_rows
 from kairos.engine.values import check, to_utc
-from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError
+from kairos.engine.windows import WindowIndex
+from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError, did_you_mean
 from kairos.planner.plan import Plan
 from kairos.planner.planner import Planner
 from kairos.resolvers.registry import ResolverSet
@@ -115,8 +117,20 @@ class Client:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="kairos-resolver"
         )
+        self.windows = WindowIndex()
+        for namespace, info in self.graph.classes.items():
+            for name in info.features:
+                indexed = indexed_window(self.graph, namespace, name)
+                if indexed is not None:
+                    self.windows.register(
+                        (namespace, name), indexed.child, indexed.fk, indexed.spec
+                    )
         self.engine = Engine(
-            self.graph, self.store, self._pool, observe=self.offline_writer is not None
+            self.graph,
+            self.store,
+            self._pool,
+            observe=self.offline_writer is not None,
+            windows=self.windows,
         )
         self._names: dict[str, str] = {}
         self._local = threading.local()
@@ -265,6 +279,46 @@ class Client:
         recompute: bool | Sequence[Any] = True,
     ) -> OfflineResult:
         return await offline_query(self, spine, output, timestamp=timestamp, recompute=recompute)
+
+    def write_events(self, events_of: Any, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Add rows of an `@features(events=True)` class; windowed aggregates over them are
+        answered from an index from then on. Returns the number of rows written.
+
+        >>> client.write_events(Transaction, [{"id": "t1", "user_id": "u1", ...}])  # doctest: +SKIP
+        """
+        namespace = events_of if isinstance(events_of, str) else self.graph.namespace_of(events_of)
+        info = self.graph.cls(namespace)
+        if not info.events or info.feature_time is None:
+            raise InvalidInput(
+                f"{namespace} does not take events; declare it @features(events=True) with a "
+                "FeatureTime",
+                field="events",
+            )
+        typed = []
+        for index, row in enumerate(rows):
+            clean: dict[str, Any] = {}
+            for key, value in row.items():
+                name = str(key).rpartition(".")[2]
+                feature = info.features.get(name)
+                if feature is None or feature.kind != "scalar":
+                    raise InvalidInput(
+                        f"event {index}: {namespace} has no feature {name!r}"
+                        f"{did_you_mean(name, info.features)}",
+                        field=name,
+                    )
+                try:
+                    clean[name] = check(feature, value, allow_null=True)
+                except InvalidValue as error:
+                    raise InvalidInput(f"event {index}, {name!r}: {error}", field=name) from None
+            if clean.get(info.feature_time) is None:
+                raise InvalidInput(
+                    f"event {index} has no {info.feature_time!r}; every event needs its time",
+                    field=info.feature_time,
+                )
+            typed.append(clean)
+        keys = [name for name, f in info.features.items() if f.fk_target is not None]
+        self.windows.write(namespace, keys, info.feature_time, typed)
+        return len(typed)
 
     def fetch(
         self, source: str, sql: str, params: Sequence[Any] = ()

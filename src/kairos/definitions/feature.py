@@ -285,6 +285,7 @@ class FeatureClassSpec:
     max_staleness: timedelta | None = None
     owner: str | None = None
     tags: tuple[str, ...] = ()
+    events: bool = False  # rows are written to kairos as events (client.write_events)
 
 
 def foreign_key_target(annotation: Any) -> tuple[str, str] | None:
@@ -311,6 +312,7 @@ def features(
     namespace: str | None = None,
     owner: str | None = None,
     tags: Iterable[str] = (),
+    events: bool = False,
 ) -> Callable[[C], C]: ...
 
 
@@ -323,8 +325,13 @@ def features(
     namespace: str | None = None,
     owner: str | None = None,
     tags: Iterable[str] = (),
+    events: bool = False,
 ) -> Any:
     """Declare a feature class; its namespace is the snake_case class name.
+
+    `events=True` declares rows that are written to kairos (`client.write_events`): a
+    has-many of them needs no resolver, and windowed aggregates over it are answered from an
+    index whose cost does not grow with the events in the window.
 
     >>> @features
     ... class User:
@@ -341,6 +348,7 @@ def features(
             None if max_staleness is None else parse_duration(max_staleness, field="max_staleness"),
             owner,
             tuple(tags),
+            events,
         )
 
     return decorate(cls) if cls is not None else decorate
@@ -352,9 +360,10 @@ def _decorate(
     max_staleness: timedelta | None,
     owner: str | None,
     tags: tuple[str, ...],
+    events: bool = False,
 ) -> C:
     annotations = inspect.get_annotations(cls)
-    spec = FeatureClassSpec(cls, namespace, {}, max_staleness, owner, tags)
+    spec = FeatureClassSpec(cls, namespace, {}, max_staleness, owner, tags, events)
     for name, annotation in annotations.items():
         if name.startswith("_"):
             continue

@@ -78,6 +78,7 @@ class ClassInfo:
     primary: str
     feature_time: str | None
     windowed: frozenset[str] = field(default_factory=frozenset)
+    events: bool = False
 
 
 class Graph:
@@ -362,8 +363,19 @@ class _Builder:
                 )
             primary = "id"
             features["id"] = _replace(features["id"], is_primary=True)
+        if spec.events and feature_time is None:
+            raise DefinitionError(
+                f"{where} is declared with events=True but has no FeatureTime; add e.g. "
+                "`ts: FeatureTime`"
+            )
         return ClassInfo(
-            spec.namespace, spec.cls, features, primary, feature_time, frozenset(windowed)
+            spec.namespace,
+            spec.cls,
+            features,
+            primary,
+            feature_time,
+            frozenset(windowed),
+            spec.events,
         )
 
     def _require(self, where: str, name: str, target: FeatureClassSpec) -> None:
@@ -429,7 +441,13 @@ class _Builder:
                 )
             features[name] = _replace(feat, join_key=keys[0])
         return ClassInfo(
-            info.namespace, info.cls, features, info.primary, info.feature_time, info.windowed
+            info.namespace,
+            info.cls,
+            features,
+            info.primary,
+            info.feature_time,
+            info.windowed,
+            info.events,
         )
 
 

@@ -28,6 +28,7 @@ from kairos.engine.evaluate import Compiled, compile_expression
 from kairos.engine.result import ColumnData, FeatureError, NodeTiming
 from kairos.engine.rows import normalize_rows, select_rows
 from kairos.engine.values import check
+from kairos.engine.windows import WindowIndex
 from kairos.errors import InvalidValue
 from kairos.planner.plan import Plan, PlanNode
 from kairos.resolvers.registry import BoundInput
@@ -54,11 +55,18 @@ class Engine:
     """Runs plans against one online store, with one thread pool for sync user code."""
 
     def __init__(
-        self, graph: Graph, store: OnlineStore, pool: ThreadPoolExecutor, *, observe: bool = False
+        self,
+        graph: Graph,
+        store: OnlineStore,
+        pool: ThreadPoolExecutor,
+        *,
+        observe: bool = False,
+        windows: WindowIndex | None = None,
     ) -> None:
         self.graph = graph
         self.store = store
         self.pool = pool
+        self.windows = windows or WindowIndex()  # events written to kairos, and aggregates
         self.observe = observe  # collect computed values for the offline store
         self._compiled: dict[tuple[str, str], Compiled] = {}
         self._inputs: dict[tuple[str, str], tuple[list[Compiled], list[Compiled]]] = {}
@@ -301,6 +309,8 @@ class _Run:
                     self.set(outputs, node.outputs[0], row, node.default, "default")
             elif node.kind == "expression":
                 status = self.run_expression(node, rows, outputs)
+            elif node.kind in ("events", "window"):
+                self.run_indexed(node, rows, outputs)
             else:
                 status = await self.run_resolver(node, rows, outputs)
             self.computed += len(rows)
@@ -362,7 +372,7 @@ class _Run:
     ) -> None:
         info = self.plan.columns[column].info
         try:
-            value = check(info, value, allow_null=source == "expression")
+            value = check(info, value, allow_null=source in ("expression", "window"))
         except InvalidValue as error:
             self.fail(outputs, column, row, "invalid_value", f"{column}: {error}", source)
             return
@@ -400,6 +410,25 @@ class _Run:
         resolver: str | None,
     ) -> None:
         outputs[column].errors[row] = FeatureError(column, code, message, row, resolver)
+
+    def run_indexed(self, node: PlanNode, rows: list[int], outputs: dict[str, ColumnData]) -> None:
+        """Events written to kairos, or a windowed aggregate over them, from the index."""
+        column = node.outputs[0]
+        info = self.plan.columns[column].info
+        keys = self.cols[node.inputs[0]].values
+        index = self.engine.windows
+        if node.kind == "events":
+            child, fk = info.target or "", info.join_key or ""
+            for row in rows:
+                self.set(
+                    outputs, column, row, index.rows(child, fk, keys[row], self.nows[row]), "events"
+                )
+            return
+        feature = (info.namespace, info.name)
+        for row in rows:
+            self.set(
+                outputs, column, row, index.value(feature, keys[row], self.nows[row]), "window"
+            )
 
     def run_expression(
         self, node: PlanNode, rows: list[int], outputs: dict[str, ColumnData]

@@ -43,7 +43,7 @@ class PlanNode:
     dependencies); None stands for `Now`."""
 
     id: int
-    kind: str  # relation | expression | default | python | sql
+    kind: str  # relation | expression | default | events | window | python | sql
     label: str
     path: tuple[str, ...]
     namespace: str

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from kairos.definitions.binding import BoundExpression, bind_feature
 from kairos.definitions.feature import MISSING, FeatureRef
 from kairos.definitions.graph import Graph
+from kairos.definitions.windows import indexed_window
 from kairos.errors import AmbiguousResolvers, CycleError, MissingInput, NoPath, PlanError
 from kairos.planner.bind import BoundQuery
 from kairos.planner.plan import Column, column_name
@@ -65,7 +66,7 @@ class _Resolver:
         # The entity key of every computed column lets the engine cache it and skip absent
         # entities; it is optional where it cannot be reached (e.g. only derived inputs given).
         for producer in list(self.done.values()):
-            if producer.kind in ("resolver", "expression", "default"):
+            if producer.kind in ("resolver", "expression", "default", "events", "window"):
                 key = self.key_column(producer.column.path)
                 if key.name not in self.done:
                     try:
@@ -120,6 +121,15 @@ class _Resolver:
                 fk = self.column(parent_path, FeatureRef(parent_ns, (), join_key))
                 self.produce(fk)
                 return Producer("relation", column, (fk.name,))
+        if info.kind == "has_many" and info.target and self.graph.cls(info.target).events:
+            key = self.key_column(column.path)  # events written to kairos: no resolver
+            self.produce(key)
+            return Producer("events", column, (key.name,))
+        if indexed_window(self.graph, info.namespace, info.name) is not None:
+            key = self.key_column(column.path)  # answered from the event index
+            self.produce(key)
+            bound = bind_feature(self.graph, info.namespace, info.name)
+            return Producer("window", column, (key.name,), expression=bound)
         if info.expression is not None:
             bound = bind_feature(self.graph, info.namespace, info.name)
             args = tuple(self.column(column.path, dep) for dep in bound.deps)

@@ -1,0 +1,208 @@
+"""An in-process index of events and windowed aggregates over them.
+
+Events (rows of an `events=True` class) are kept per parent entity, sorted by time. For each
+windowed aggregate the index keeps, per entity, the times and projected values of the rows
+that pass its fixed filters, with prefix counts, sums and sums of squares, and sparse tables
+for min and max. A query for `(now - window, now]` finds its two edges by binary search and
+answers count, sum, mean and std from prefix differences and min and max from two table
+lookups: its cost grows with log(events), not with the events in the window
+(`distinct_count` still scans the window). Online and offline use this same code.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kairos.definitions.windows import WindowSpec
+from kairos.engine.evaluate import Compiled, compile_expression
+
+
+@dataclass
+class _Series:
+    """One entity's rows for one aggregate: sorted times, values and prefix aggregates."""
+
+    times: list[datetime] = field(default_factory=list)
+    values: list[Any] = field(default_factory=list)
+    rows: list[int] = field(default_factory=lambda: [0])  # prefix count of rows
+    present: list[int] = field(default_factory=lambda: [0])  # prefix count of non-null values
+    sums: list[float] = field(default_factory=lambda: [0.0])
+    squares: list[float] = field(default_factory=lambda: [0.0])
+    mins: list[list[Any]] = field(default_factory=list)  # sparse tables, level k covers 2**k
+    maxs: list[list[Any]] = field(default_factory=list)
+    numeric: bool = False
+    stale: bool = False  # a late event arrived: prefixes and tables are rebuilt on next read
+
+    def add(self, when: datetime, value: Any, numeric: bool) -> None:
+        self.numeric = numeric
+        if self.stale or (self.times and when < self.times[-1]):
+            at = bisect.bisect_right(self.times, when)
+            self.times.insert(at, when)
+            self.values.insert(at, value)
+            self.stale = True
+            return
+        self.times.append(when)
+        self.values.append(value)
+        self._append_prefix(value, numeric)
+        self._append_tables()
+
+    def _append_prefix(self, value: Any, numeric: bool) -> None:
+        self.rows.append(self.rows[-1] + 1)
+        self.present.append(self.present[-1] + (value is not None))
+        number = float(value) if numeric and value is not None else 0.0
+        self.sums.append(self.sums[-1] + number)
+        self.squares.append(self.squares[-1] + number * number)
+
+    def _append_tables(self) -> None:
+        n = len(self.values)
+        if not self.mins:
+            self.mins.append([])
+            self.maxs.append([])
+        self.mins[0].append(self.values[-1])
+        self.maxs[0].append(self.values[-1])
+        level = 1
+        while (1 << level) <= n:
+            if len(self.mins) <= level:
+                self.mins.append([])
+                self.maxs.append([])
+            start = n - (1 << level)
+            half = start + (1 << (level - 1))
+            previous_min, previous_max = self.mins[level - 1], self.maxs[level - 1]
+            self.mins[level].append(_least(previous_min[start], previous_min[half]))
+            self.maxs[level].append(_most(previous_max[start], previous_max[half]))
+            level += 1
+
+    def _rebuild(self) -> None:
+        fresh = _Series(numeric=self.numeric)
+        for when, value in zip(self.times, self.values, strict=True):
+            fresh.times.append(when)
+            fresh.values.append(value)
+            fresh._append_prefix(value, self.numeric)
+            fresh._append_tables()
+        self.__dict__.update(fresh.__dict__)
+
+    def window(self, start: datetime, end: datetime, inclusive: bool) -> tuple[int, int]:
+        if self.stale:
+            self._rebuild()
+        find = bisect.bisect_left if inclusive else bisect.bisect_right
+        return find(self.times, start), bisect.bisect_right(self.times, end)
+
+    def extreme(self, tables: list[list[Any]], i: int, j: int, pick: Callable[..., Any]) -> Any:
+        if j <= i:
+            return None
+        level = (j - i).bit_length() - 1
+        return pick(tables[level][i], tables[level][j - (1 << level)])
+
+
+def _least(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _most(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else max(a, b)
+
+
+class _Aggregate:
+    def __init__(self, spec: WindowSpec, fk: str) -> None:
+        self.spec = spec
+        self.fk = fk
+        self.filters: list[Compiled] = [compile_expression(f) for f in spec.filters]
+        self.projection = None if spec.projection is None else compile_expression(spec.projection)
+        self.numeric = spec.fn in ("sum", "mean", "std")
+        self.series: dict[Any, _Series] = {}
+
+    def add(self, row: dict[str, Any], when: datetime, epoch: datetime) -> None:
+        if not all(f((), epoch, row) is True for f in self.filters):
+            return
+        value = None if self.projection is None else self.projection((), epoch, row)
+        if self.projection is None:
+            value = True  # counting rows: any non-null marker
+        self.series.setdefault(row.get(self.fk), _Series()).add(when, value, self.numeric)
+
+    def value(self, key: Any, now: datetime) -> Any:
+        spec = self.spec
+        series = self.series.get(key)
+        if series is None:
+            return 0 if spec.fn in ("count", "sum", "distinct_count") else None
+        i, j = series.window(now - spec.window, now, spec.inclusive)
+        n = series.present[j] - series.present[i]
+        fn = spec.fn
+        if fn == "count":
+            return series.rows[j] - series.rows[i] if self.projection is None else n
+        if fn == "sum":
+            return series.sums[j] - series.sums[i] if n else 0
+        if fn == "distinct_count":
+            return len({v for v in series.values[i:j] if v is not None})
+        if n == 0:
+            return None
+        if fn == "mean":
+            return (series.sums[j] - series.sums[i]) / n
+        if fn == "min":
+            return series.extreme(series.mins, i, j, _least)
+        if fn == "max":
+            return series.extreme(series.maxs, i, j, _most)
+        if fn == "std":
+            if n < 2:
+                return None
+            total = series.sums[j] - series.sums[i]
+            spread = series.squares[j] - series.squares[i] - total * total / n
+            return math.sqrt(max(spread, 0.0) / (n - 1))
+        raise ValueError(f"unknown aggregation {fn!r}")
+
+
+class WindowIndex:
+    """Events by entity and the windowed aggregates registered over them (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[tuple[str, str], dict[Any, tuple[list[datetime], list[dict[str, Any]]]]]
+        self._events = {}
+        self._aggregates: dict[tuple[str, str], _Aggregate] = {}
+        self._by_child: dict[str, list[_Aggregate]] = {}
+        self._time_field: dict[str, str] = {}
+
+    def register(self, feature: tuple[str, str], child: str, fk: str, spec: WindowSpec) -> None:
+        """Answer `feature` (namespace, name) from `child` events grouped by `fk`."""
+        aggregate = _Aggregate(spec, fk)
+        self._aggregates[feature] = aggregate
+        self._by_child.setdefault(child, []).append(aggregate)
+        self._time_field[child] = spec.time_field
+
+    def write(
+        self, child: str, fks: Sequence[str], time_field: str, rows: Sequence[dict[str, Any]]
+    ) -> None:
+        """Add typed event rows of `child`, indexed under each foreign key in `fks`."""
+        epoch = datetime.min
+        with self._lock:
+            for row in rows:
+                when = row[time_field]
+                for fk in fks:
+                    times, kept = self._events.setdefault((child, fk), {}).setdefault(
+                        row.get(fk), ([], [])
+                    )
+                    at = bisect.bisect_right(times, when)
+                    times.insert(at, when)
+                    kept.insert(at, row)
+                for aggregate in self._by_child.get(child, ()):
+                    aggregate.add(row, when, epoch)
+
+    def rows(self, child: str, fk: str, key: Any, now: datetime) -> list[dict[str, Any]]:
+        """The entity's events with time <= now, oldest first."""
+        with self._lock:
+            found = self._events.get((child, fk), {}).get(key)
+            if found is None:
+                return []
+            times, kept = found
+            return [dict(r) for r in kept[: bisect.bisect_right(times, now)]]
+
+    def value(self, feature: tuple[str, str], key: Any, now: datetime) -> Any:
+        with self._lock:  # a read may rebuild a series after late events
+            return self._aggregates[feature].value(key, now)
+
+    def answers(self, feature: tuple[str, str]) -> bool:
+        return feature in self._aggregates
