@@ -221,3 +221,32 @@ def test_events_need_a_feature_time() -> None:
 
     with pytest.raises(kr.DefinitionError, match="events=True but has no FeatureTime"):
         kr.Client(definitions=[Tick])
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_events_over_http(client: kr.Client) -> None:
+    import httpx
+
+    from kairos.server import create_app
+
+    app = create_app(client)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as h:
+        row = {"id": "h1", "account_id": "a7", "amount": 3.5, "kind": "card", "at": T0.isoformat()}
+        written = await h.post("/v1/events/payment", json={"rows": [row]})
+        assert written.status_code == 200 and written.json() == {"written": 1}
+        body = {
+            "inputs": {"account.id": "a7"},
+            "outputs": ["account.total[1d]"],
+            "now": T0.isoformat(),
+        }
+        answer = await h.post("/v1/query/online", json=body)
+        assert answer.json()["values"]["account.total[1d]"] == 3.5
+        bad = await h.post("/v1/events/payment", json={"rows": [{**row, "amout": 1}]})
+        assert bad.status_code == 422 and "did you mean 'amount'" in bad.json()["error"]["message"]
+        assert (await h.post("/v1/events/account", json={"rows": []})).status_code == 422
+        assert (await h.post("/v1/events/nope", json={"rows": []})).status_code == 404

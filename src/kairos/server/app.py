@@ -372,6 +372,26 @@ class Server:
             }
         )
 
+    async def write_events(self, request: Request) -> Response:
+        body = await read_json(request)
+        rows = body.get("rows")
+        if (
+            set(body) - {"rows"}
+            or not isinstance(rows, list)
+            or not all(isinstance(r, dict) for r in rows)
+        ):
+            raise HTTPProblem(
+                422,
+                "invalid_body",
+                'send {"rows": [{...}, ...]}: event rows keyed by feature name',
+                "rows",
+            )
+        namespace = request.path_params["namespace"]
+        if namespace not in self.client.graph.classes:
+            raise HTTPProblem(404, "not_found", f"no feature class {namespace!r}", "namespace")
+        written = self.client.write_events(namespace, rows)
+        return json_response({"written": written})
+
     async def log_get(self, request: Request) -> Response:
         query_id = request.path_params["query_id"]
         record = await asyncio.to_thread(self.client.log.get, query_id)
@@ -432,6 +452,7 @@ def create_app(
         Route("/v1/query/bulk", r("query_bulk", server.query_bulk), methods=["POST"]),
         Route("/v1/query/plan", r("query_plan", server.query_plan), methods=["POST"]),
         Route("/v1/query/offline", r("query_offline", server.query_offline), methods=["POST"]),
+        Route("/v1/events/{namespace}", r("events", server.write_events), methods=["POST"]),
         Route("/v1/log/{query_id}", r("log_get", server.log_get), methods=["GET"]),
         Route("/healthz", r("healthz", server.healthz, public=True), methods=["GET"]),
         Route("/readyz", r("readyz", server.readyz, public=True), methods=["GET"]),

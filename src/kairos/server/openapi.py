@@ -147,6 +147,41 @@ def openapi_document() -> dict[str, Any]:
                 "PlanQuery",
                 {"inputs": ["user.id"], "outputs": ["user.risk"]},
             ),
+            "/v1/events/{namespace}": {
+                "post": {
+                    "summary": "Write events of an events=True feature class",
+                    "parameters": [
+                        {
+                            "name": "namespace",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["rows"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "rows": {"type": "array", "items": {"type": "object"}}
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": {
+                            "description": "How many rows were written",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        },
+                        **_errors(400, 401, 404, 413, 422),
+                    },
+                }
+            },
             "/v1/log/{query_id}": {
                 "get": {
                     "summary": "What a logged decision saw",
