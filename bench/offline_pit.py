@@ -1,6 +1,7 @@
 """Point-in-time (as-of) reads from the offline store, beside a hand-written DuckDB floor.
 
     .venv/bin/python bench/offline_pit.py [--spine 1000000] [--events 10000000] [--features 5]
+        [--feast] [--feast-timeout 300]
 
 Builds a spine (key, ts) and events (key, observed_at, one column per feature) as Parquet
 files, then measures, each in its own child process (so peak RSS is that step's alone):
@@ -12,6 +13,14 @@ files, then measures, each in its own child process (so peak RSS is that step's 
 - store as-of: `asof` for every feature over the whole spine, from that file;
 - client offline_query: `client.offline_query(spine, outputs, recompute=False)` end to end
   (what a user calls), over the same store file.
+
+With --feast (off by default: it is slow), also Feast 0.67's `get_historical_features` over
+the same Parquet files, once with its DuckDB offline store and once with its file (Dask)
+offline store, each run by bench/feast_offline.py under bench/.venv-feast's python (make it
+with `bash bench/feast_env.sh`, then `bench/.venv-feast/bin/pip install "feast[duckdb]==0.67.0"`).
+Those rows also say how many spine rows came back: Feast's file store drops spine rows that
+precede their entity's first event. A Feast step past --feast-timeout seconds, or one that
+fails, is reported as "did not finish" and the run goes on.
 
 This machine is shared and noisy: only the same-run ratios mean anything.
 """
@@ -38,6 +47,8 @@ from kairos.stores.offline import DuckDBOfflineStore
 BASE_US = 1_767_225_600_000_000  # 2026-01-01 UTC in microseconds
 SPAN_US = 30 * 86_400 * 1_000_000  # events and spine times over 30 days
 TIMESTAMP = pa.timestamp("us", tz="UTC")
+FEAST_PYTHON = Path(__file__).resolve().parent / ".venv-feast" / "bin" / "python"
+FEAST_SCRIPT = Path(__file__).resolve().parent / "feast_offline.py"
 
 
 def build(folder: Path, spine_rows: int, events: int, features: int, keys: int) -> None:
@@ -162,6 +173,35 @@ def measure(step: str, folder: Path, features: int) -> dict[str, float]:
     return result
 
 
+def measure_feast(
+    offline_store: str, folder: Path, features: int, timeout: float
+) -> dict[str, float] | str:
+    """Feast's get_historical_features in its own venv; a reason string if it did not finish."""
+    if not FEAST_PYTHON.exists():
+        return f"no {FEAST_PYTHON.parent.parent} (run bash bench/feast_env.sh)"
+    command = [
+        str(FEAST_PYTHON),
+        str(FEAST_SCRIPT),
+        str(folder),
+        "--offline-store",
+        offline_store,
+        "--features",
+        str(features),
+    ]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s"
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+        return lines[-1][:120]
+    try:
+        result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return "no result printed"
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spine", type=int, default=1_000_000)
@@ -169,6 +209,8 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=5)
     parser.add_argument("--keys", type=int, default=0, help="distinct keys (default: spine / 2)")
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--feast", action="store_true", help="also time Feast (slow)")
+    parser.add_argument("--feast-timeout", type=float, default=300.0, help="seconds a Feast step")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -193,12 +235,36 @@ def main() -> None:
             ("client offline_query(recompute=False)", "client_offline"),
         ]
         results = {step: measure(step, folder, args.features) for _, step in steps}
+        feast_steps = [
+            ("feast get_historical (duckdb store)", "duckdb"),
+            ("feast get_historical (file store)", "file"),
+        ]
+        feast = {
+            store: measure_feast(store, folder, args.features, args.feast_timeout)
+            for _, store in (feast_steps if args.feast else [])
+        }
         base = results["floor"]["seconds"]
-        print(f"{'step':<36} {'seconds':>9} {'x floor':>8} {'peak RSS MiB':>13}")
+        header = f"{'step':<36} {'seconds':>9} {'x floor':>8} {'peak RSS MiB':>13}"
+        print(header + (f"  {'spine rows back':>21}" if args.feast else ""))
         for label, step in steps:
             r = results[step]
             ratio = "" if step == "store_load" else f"{r['seconds'] / base:.2f}"
             print(f"{label:<36} {r['seconds']:>9.2f} {ratio:>8} {r['peak_mib']:>13.0f}")
+        for label, store in feast_steps if args.feast else []:
+            f = feast[store]
+            if isinstance(f, str):
+                print(f"{label:<36} did not finish: {f}")
+                continue
+            back = f"{int(f['rows']):,} / {args.spine:,}"
+            print(
+                f"{label:<36} {f['seconds']:>9.2f} {f['seconds'] / base:>8.2f} "
+                f"{f['peak_mib']:>13.0f}  {back:>21}"
+            )
+        if args.feast:
+            print(
+                "(spine rows back: rows get_historical_features returned, of the spine's; "
+                "the floor returns every spine row)"
+            )
 
 
 if __name__ == "__main__":
