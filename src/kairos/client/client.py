@@ -101,8 +101,16 @@ class Client:
             else parse_duration(default_timeout, field="default_timeout")
         )
         self.planner = Planner(self.graph, self.resolvers, default_timeout=timeout)
+        # Backends that start threads come last, each closed again if a later one fails.
+        log = self.config.query_log if query_log is None else query_log
+        self.log: QueryLog = query_log_from_url(log) if isinstance(log, str) else log
+        self._logging = not isinstance(self.log, NullQueryLog)
         store = self.config.online_store if online_store is None else online_store
-        self.store = online_store_from_url(store) if isinstance(store, str) else store
+        try:
+            self.store = online_store_from_url(store) if isinstance(store, str) else store
+        except BaseException:
+            self.log.close()
+            raise
         offline = self.config.offline_store if offline_store is None else offline_store
         self._offline: OfflineStore | None = None if isinstance(offline, str) else offline
         self._offline_url = offline if isinstance(offline, str) else None
@@ -111,9 +119,6 @@ class Client:
         self.offline_writer = OfflineWriter(self.offline_store) if keeps_history else None
         folder_for_data = self.config.base_dir or Path.cwd()
         self.datasets = Datasets(self, DatasetStore(folder_for_data / ".kairos" / "datasets"))
-        log = self.config.query_log if query_log is None else query_log
-        self.log: QueryLog = query_log_from_url(log) if isinstance(log, str) else log
-        self._logging = not isinstance(self.log, NullQueryLog)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="kairos-resolver"
         )
