@@ -54,11 +54,17 @@ class Resolver(Generic[P, R]):
     """A user function plus what kairos needs to call it; calling it calls the function."""
 
     def __init__(
-        self, fn: Callable[P, R], kind: str, timeout: timedelta | None, name: str | None
+        self,
+        fn: Callable[P, R],
+        kind: str,
+        timeout: timedelta | None,
+        name: str | None,
+        batch: bool = False,
     ) -> None:
         self.fn = fn
         self.kind = kind
         self.timeout = timeout
+        self.batch = batch  # called once with a list per parameter, returns a list
         self.name = name or fn.__name__
         self.is_async = inspect.iscoroutinefunction(fn)
         functools.update_wrapper(self, fn)
@@ -98,11 +104,16 @@ class PythonRunner:
     def __init__(self, resolver: Resolver[..., Any]) -> None:
         self.fn = resolver.fn
         self.is_async = resolver.is_async
+        self.batch = resolver.batch
+        self.name = resolver.name
 
     async def run(
         self, calls: list[list[Any]], results: list[tuple[bool, Any] | None], pool: Executor
     ) -> None:
         fn = self.fn
+        if self.batch:
+            await self.run_batch(calls, results, pool)
+            return
         if self.is_async:
 
             async def one(index: int) -> None:
@@ -122,6 +133,33 @@ class PythonRunner:
                     results[index] = (False, error)
 
         await asyncio.get_running_loop().run_in_executor(pool, run_all)
+
+    async def run_batch(
+        self, calls: list[list[Any]], results: list[tuple[bool, Any] | None], pool: Executor
+    ) -> None:
+        """One call for every entity: each parameter gets the list of its values."""
+        if not calls:
+            return
+        columns = [list(column) for column in zip(*calls, strict=True)]
+        try:
+            if self.is_async:
+                answers = await self.fn(*columns)
+            else:
+                answers = await asyncio.get_running_loop().run_in_executor(
+                    pool, lambda: self.fn(*columns)
+                )
+            answers = list(answers)
+            if len(answers) != len(calls):
+                raise ValueError(
+                    f"batch resolver {self.name!r} returned {len(answers)} results for "
+                    f"{len(calls)} entities; return one per entity, in order"
+                )
+        except Exception as error:  # the user's resolver: every entity of the batch fails
+            for index in range(len(calls)):
+                results[index] = (False, error)
+            return
+        for index, answer in enumerate(answers):
+            results[index] = (True, answer)
 
 
 def _annotation(resolver: Resolver[..., Any], value: Any, what: str) -> Any:
@@ -189,19 +227,27 @@ def online(fn: Callable[P, R], /) -> Resolver[P, R]: ...
 
 @overload
 def online(
-    *, timeout: DurationLike | None = None, name: str | None = None
+    *, timeout: DurationLike | None = None, name: str | None = None, batch: bool = False
 ) -> Callable[[Callable[P, R]], Resolver[P, R]]: ...
 
 
 def online(
-    fn: Any = None, /, *, timeout: DurationLike | None = None, name: str | None = None
+    fn: Any = None,
+    /,
+    *,
+    timeout: DurationLike | None = None,
+    name: str | None = None,
+    batch: bool = False,
 ) -> Any:
     """Mark a function as an online resolver; its annotations say what it reads and returns.
+
+    With `batch=True` it is called once per query with a list per parameter (one value per
+    entity; `Now` too) and returns a list with one result per entity, in order.
 
     >>> @online(timeout="200ms")
     ... def balance(uid: User.id) -> User.balance: ...  # doctest: +SKIP
     """
-    return _decorate("online", fn, timeout, name)
+    return _decorate("online", fn, timeout, name, batch)
 
 
 @overload
@@ -210,23 +256,30 @@ def offline(fn: Callable[P, R], /) -> Resolver[P, R]: ...
 
 @overload
 def offline(
-    *, timeout: DurationLike | None = None, name: str | None = None
+    *, timeout: DurationLike | None = None, name: str | None = None, batch: bool = False
 ) -> Callable[[Callable[P, R]], Resolver[P, R]]: ...
 
 
 def offline(
-    fn: Any = None, /, *, timeout: DurationLike | None = None, name: str | None = None
+    fn: Any = None,
+    /,
+    *,
+    timeout: DurationLike | None = None,
+    name: str | None = None,
+    batch: bool = False,
 ) -> Any:
     """Mark a function as an offline resolver (used by offline queries and backfills)."""
-    return _decorate("offline", fn, timeout, name)
+    return _decorate("offline", fn, timeout, name, batch)
 
 
-def _decorate(kind: str, fn: Any, timeout: DurationLike | None, name: str | None) -> Any:
+def _decorate(
+    kind: str, fn: Any, timeout: DurationLike | None, name: str | None, batch: bool = False
+) -> Any:
     limit = None if timeout is None else parse_duration(timeout, field="timeout")
 
     def wrap(function: Callable[..., Any]) -> Resolver[..., Any]:
         if not callable(function):
             raise DefinitionError(f"@{kind} decorates a function; got {function!r}")
-        return Resolver(function, kind, limit, name)
+        return Resolver(function, kind, limit, name, batch)
 
     return wrap(fn) if fn is not None else wrap
