@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from kairos.client.backfill import BackfillReport, Progress, materialize
 from kairos.client.config import Config
+from kairos.client.inputs import check_inputs
 from kairos.client.offline import Datasets, OfflineResult, offline_query
 from kairos.client.project import Project
 from kairos.definitions.durations import DurationLike, parse_duration
@@ -26,7 +27,6 @@ from kairos.definitions.graph import Graph
 from kairos.definitions.windows import indexed_window
 from kairos.engine.execution import Engine
 from kairos.engine.result import BulkResult, FeatureValue, NodeTiming, QueryMeta, QueryResult
-from kairos.engine.rows import normalize_rows
 from kairos.engine.values import check, to_utc
 from kairos.engine.windows import WindowIndex
 from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError, did_you_mean
@@ -412,17 +412,13 @@ class Client:
             await self._check_query_id(query_id)
         when = _now(now)
         plan = self.planner.plan(columns, [self.name(o) for o in output])
-        for name, values in columns.items():
-            info = plan.columns[name].info
-            for index, value in enumerate(values):
-                try:
-                    if info.kind == "has_many":
-                        values[index] = normalize_rows(self.graph, info, value, when)
-                    else:
-                        values[index] = check(info, value, allow_null=False)
-                except InvalidValue as error:
-                    row = f" (row {index})" if rows > 1 else ""
-                    raise InvalidInput(f"input {name!r}{row}: {error}", field=name) from None
+        check_inputs(
+            self.graph,
+            columns,
+            lambda _row: when,
+            nulls=False,
+            where=lambda row, name: f"input {name!r}" + (f" (row {row})" if rows > 1 else ""),
+        )
         limits = self._staleness(staleness)
         outcome = await self.engine.run(plan, columns, rows, when, limits)
         total = (time.perf_counter() - started) * 1000

@@ -26,9 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kairos.client.fingerprint import definitions_fingerprint
+from kairos.client.inputs import check_inputs
 from kairos.engine.result import FeatureError
-from kairos.engine.rows import normalize_rows
-from kairos.engine.values import check, to_utc
+from kairos.engine.values import to_utc
 from kairos.errors import InvalidInput, InvalidValue, KairosError
 from kairos.stores.datasets import Dataset, DatasetStore, DatasetVersion
 from kairos.stores.offline import python_values
@@ -129,18 +129,13 @@ async def offline_query(
             )
     stored = [name for name in names if name not in computed]
     root = client.graph.ref(names[0]).root if names else ""
-    for name, values in inputs.items():
-        info = client.graph.info(client.graph.ref(name))
-        for index, value in enumerate(values):
-            if value is None:
-                continue  # a null key: that row's features are null
-            try:
-                if info.kind == "has_many":
-                    values[index] = normalize_rows(client.graph, info, value, row_times[index])
-                else:
-                    values[index] = check(info, value, allow_null=True)
-            except InvalidValue as error:
-                raise InvalidInput(f"spine row {index}, {name!r}: {error}", field=name) from None
+    check_inputs(
+        client.graph,
+        inputs,
+        lambda row: row_times[row],
+        nulls=True,  # a null key: that row's features are null
+        where=lambda row, name: f"spine row {row}, {name!r}",
+    )
     table: dict[str, Any] = {timestamp: row_times, **{n: list(v) for n, v in columns.items()}}
     errors: list[FeatureError] = []
     if computed:

@@ -38,10 +38,6 @@ class Parameter:
     ref: FeatureRef | None  # None for Now
     items: tuple[Any, ...] = ()  # [...] on a has-many input
 
-    @property
-    def is_now(self) -> bool:
-        return self.ref is None
-
 
 @dataclass(frozen=True, slots=True)
 class Signature:
