@@ -7,13 +7,15 @@ store (and optionally the online store, where a backfilled value never replaces 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.types import ValueType
+from kairos.engine.execution import FUTURE_SKEW
 from kairos.engine.values import to_utc
 from kairos.errors import InvalidInput, KairosError
 from kairos.stores.online import StoredValue
@@ -85,28 +87,46 @@ async def materialize(
     total = len(spine)
     written = errors = 0
     latest: dict[tuple[Any, str], StoredValue] = {}
+    store = client.offline_store()
+    horizon = datetime.now(UTC) + FUTURE_SKEW
     for begin in range(0, total, chunk):
         part = spine[begin : begin + chunk]
         result = await client.offline_query_async(
             {key_name: [k for k, _ in part], "ts": [t for _, t in part]}, names
         )
         errors += len(result.errors)
-        observations = []
+        failed = {(e.row, e.feature) for e in result.errors}
         for name in names:
             feature = client.graph.info(client.graph.ref(name)).name
-            for (key, moment), value in zip(part, result.column(name), strict=True):
-                if value is None:
-                    continue
-                observations.append((root, feature, types[name], key_type, key, moment, value))
+            kept = [  # a null is an observation too; a failed value is not
+                (key, moment, value)
+                for row, ((key, moment), value) in enumerate(
+                    zip(part, result.column(name), strict=True)
+                )
+                if (row, name) not in failed
+            ]
+            if not kept:
+                continue
+            # Written here, synchronously: a backfill must not outrun the writer's buffer.
+            await asyncio.to_thread(
+                store.write,
+                root,
+                feature,
+                types[name],
+                key_type,
+                [k for k, _, _ in kept],
+                [m for _, m, _ in kept],
+                [v for _, _, v in kept],
+            )
+            written += len(kept)
+            for key, moment, value in kept:
                 stored = latest.get((key, feature))
-                if stored is None or stored.observed_at <= moment:
+                if moment <= horizon and (stored is None or stored.observed_at <= moment):
                     latest[(key, feature)] = StoredValue(value, moment)
-        client.offline_writer.add(observations)
-        written += len(observations)
         if progress is not None:
             progress(min(begin + chunk, total), total)
-    client.offline_writer.flush()
     if online and latest:
-        # The store keeps the newest observed_at: a backfill never replaces a newer value.
+        # The store keeps the newest observed_at: a backfill never replaces a newer value,
+        # and nothing stamped in the future reaches it.
         await client.store.put([((root, key, f), v) for (key, f), v in latest.items()])
     return BackfillReport(total, written, len(latest) if online else 0, errors)

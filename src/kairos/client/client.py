@@ -328,7 +328,8 @@ class Client:
     def fetch(
         self, source: str, sql: str, params: Sequence[Any] = ()
     ) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Run a read-only statement on a configured source (parameters bound by the driver)."""
+        """Run a statement on a configured source and return (columns, rows); parameters are
+        bound by the driver. Only DuckDB sources are opened read-only."""
         if source not in self.sources:
             raise InvalidInput(
                 f"unknown source {source!r}; configured: {', '.join(self.sources) or 'none'}",

@@ -209,6 +209,13 @@ def _stored_query(
     if not names:
         raise InvalidInput("name at least one output", field="outputs")
     root = client.graph.ref(names[0]).root
+    others = sorted({client.graph.ref(n).root for n in names} - {root})
+    if others:
+        raise InvalidInput(
+            f"outputs start from several classes ({root}, {', '.join(others)}); an offline query "
+            f"is about one entity: reach the others through relations",
+            field="outputs",
+        )
     inputs = {client.name(n): table.column(n) for n in table.column_names if n != timestamp}
     found = _stored_values(client, root, inputs, names, times)
     for name in names:

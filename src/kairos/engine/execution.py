@@ -134,6 +134,7 @@ class _Run:
         self.now = now
         self.nows = row_times if row_times is not None else [now] * rows
         self.use_cache = row_times is None
+        self.present = now <= datetime.now(UTC) + FUTURE_SKEW
         self.staleness = staleness
         self.cols: dict[str, ColumnData] = {}
         self.cached: dict[str, list[StoredValue | None]] = {}
@@ -387,7 +388,9 @@ class _Run:
         key = key_values[row] if key_values is not None else None
         if key is None or node is None or node.key is None:
             return
-        if self.engine.observe:  # every computed value also goes to the offline store
+        if self.engine.observe and self.present and source != "events":
+            # every computed value goes to the offline store (not events' own rows, which
+            # kairos already holds, and nothing "observed" at a future `now`)
             key_type = self.plan.columns[node.key].info.type or ANY
             self.observed.append(
                 (node.namespace, info.name, info.type or ANY, key_type, key, self.now, value)
@@ -417,18 +420,19 @@ class _Run:
         info = self.plan.columns[column].info
         keys = self.cols[node.inputs[0]].values
         index = self.engine.windows
-        if node.kind == "events":
-            child, fk = info.target or "", info.join_key or ""
-            for row in rows:
-                self.set(
-                    outputs, column, row, index.rows(child, fk, keys[row], self.nows[row]), "events"
-                )
-            return
+        child, fk = info.target or "", info.join_key or ""
         feature = (info.namespace, info.name)
         for row in rows:
-            self.set(
-                outputs, column, row, index.value(feature, keys[row], self.nows[row]), "window"
-            )
+            try:
+                if node.kind == "events":
+                    value = index.rows(child, fk, keys[row], self.nows[row])
+                else:
+                    value = index.value(feature, keys[row], self.nows[row])
+            except Exception as error:  # e.g. distinct values that cannot be hashed
+                self.fail(outputs, column, row, "expression_error",
+                          f"{column}: {type(error).__name__}: {error}", None)  # fmt: skip
+                continue
+            self.set(outputs, column, row, value, node.kind)
 
     def run_expression(
         self, node: PlanNode, rows: list[int], outputs: dict[str, ColumnData]
@@ -585,7 +589,7 @@ class _Run:
     async def write_back(self) -> None:
         if not self.fresh:
             return
-        if self.now > datetime.now(UTC) + FUTURE_SKEW:
+        if not self.present:
             # A value "observed" in the future would outrank every real one until then.
             return
         start = self.elapsed_ms()

@@ -20,7 +20,11 @@ from datetime import datetime
 from typing import Any
 
 from kairos.definitions.windows import WindowSpec
-from kairos.engine.evaluate import Compiled, compile_expression
+from kairos.engine.evaluate import Compiled, aggregate_values, compile_expression
+
+# Windows with up to this many rows are summed exactly like a scan; larger ones use prefix
+# differences (O(1), but a float total carries the rounding of the whole history).
+EXACT_WINDOW = 4096
 
 
 @dataclass
@@ -31,8 +35,8 @@ class _Series:
     values: list[Any] = field(default_factory=list)
     rows: list[int] = field(default_factory=lambda: [0])  # prefix count of rows
     present: list[int] = field(default_factory=lambda: [0])  # prefix count of non-null values
-    sums: list[float] = field(default_factory=lambda: [0.0])
-    squares: list[float] = field(default_factory=lambda: [0.0])
+    sums: list[Any] = field(default_factory=lambda: [0])
+    squares: list[Any] = field(default_factory=lambda: [0])
     mins: list[list[Any]] = field(default_factory=list)  # sparse tables, level k covers 2**k
     maxs: list[list[Any]] = field(default_factory=list)
     numeric: bool = False
@@ -54,7 +58,8 @@ class _Series:
     def _append_prefix(self, value: Any, numeric: bool) -> None:
         self.rows.append(self.rows[-1] + 1)
         self.present.append(self.present[-1] + (value is not None))
-        number = float(value) if numeric and value is not None else 0.0
+        # ints stay ints (exact); floats accumulate as floats
+        number = value if numeric and value is not None and not isinstance(value, bool) else 0
         self.sums.append(self.sums[-1] + number)
         self.squares.append(self.squares[-1] + number * number)
 
@@ -117,11 +122,18 @@ class _Aggregate:
         self.series: dict[Any, _Series] = {}
 
     def add(self, row: dict[str, Any], when: datetime, epoch: datetime) -> None:
-        if not all(f((), epoch, row) is True for f in self.filters):
+        try:
+            if not all(f((), epoch, row) is True for f in self.filters):
+                return
+        except Exception:  # a filter that cannot judge this row does not keep it
             return
-        value = None if self.projection is None else self.projection((), epoch, row)
         if self.projection is None:
-            value = True  # counting rows: any non-null marker
+            value: Any = True  # counting rows: any non-null marker
+        else:
+            try:
+                value = self.projection((), epoch, row)
+            except Exception:  # a projection that fails on this row counts as null
+                value = None
         self.series.setdefault(row.get(self.fk), _Series()).add(when, value, self.numeric)
 
     def value(self, key: Any, now: datetime) -> Any:
@@ -136,8 +148,9 @@ class _Aggregate:
             return series.rows[j] - series.rows[i] if self.projection is None else n
         if fn == "sum":
             return series.sums[j] - series.sums[i] if n else 0
-        if fn == "distinct_count":
-            return len({v for v in series.values[i:j] if v is not None})
+        if fn == "distinct_count" or (fn in ("sum", "mean", "std") and j - i <= EXACT_WINDOW):
+            # small windows (and distinct counts) use the scan's own arithmetic: same answer
+            return aggregate_values(fn, [v for v in series.values[i:j] if v is not None])
         if n == 0:
             return None
         if fn == "mean":

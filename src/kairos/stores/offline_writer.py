@@ -40,8 +40,9 @@ class OfflineWriter:
         self._buffer: list[Observation] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
+        self._done = threading.Condition(self._lock)
+        self._added = 0  # observations accepted so far
+        self._handled = 0  # of those, written or given up on
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="kairos-offline-writer", daemon=True)
         self._thread.start()
@@ -56,12 +57,17 @@ class OfflineWriter:
                 self.dropped += len(observations) - max(room, 0)
                 observations = observations[: max(room, 0)]
             self._buffer.extend(observations)
+            self._added += len(observations)
 
     def flush(self, timeout: float = 30.0) -> None:
-        """Return once everything added before the call is written."""
-        self._idle.clear()
+        """Return once everything added before the call is written (or given up on)."""
+        with self._lock:
+            target = self._added
+            if self._closed or self._handled >= target:
+                return
         self._wake.set()
-        self._idle.wait(timeout)
+        with self._done:
+            self._done.wait_for(lambda: self._handled >= target or self._closed, timeout)
 
     def close(self) -> None:
         with self._lock:
@@ -80,7 +86,9 @@ class OfflineWriter:
                 closing = self._closed
             if batch:
                 self._write(batch)
-            self._idle.set()
+            with self._done:
+                self._handled += len(batch)
+                self._done.notify_all()
             if closing:
                 return
 
