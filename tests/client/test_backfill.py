@@ -159,3 +159,28 @@ async def test_offline_queries_over_http(client: kr.Client) -> None:
         late = {**body, "spine": {"meter.id": ["m4"], "ts": ["not a time"]}}
         bad_time = await h.post("/v1/query/offline", json=late)
         assert bad_time.status_code == 422 and bad_time.json()["error"]["field"] == "ts"
+
+
+@features
+class Gauge:
+    id: str
+    value: float | None
+
+
+@online
+def gauge_value(gid: Gauge.id, now: kr.Now) -> Gauge.value:
+    hours = (now.timestamp() - T0.timestamp()) / 3600
+    return None if hours >= 24 else hours
+
+
+def test_a_backfill_keeps_nulls_as_observations() -> None:
+    with kr.Client(
+        definitions=[Gauge, gauge_value], offline_store="duckdb:///:memory:", query_log="none://"
+    ) as client:
+        report = client.materialize(
+            keys=["g1"], start=T0, end=T0 + timedelta(days=1), every="1d", features=["gauge.value"]
+        )
+        assert report.values == 2
+        spine = {"gauge.id": ["g1", "g1"], "ts": [T0 + timedelta(hours=1), T0 + timedelta(days=2)]}
+        stored = client.offline_query(spine, ["gauge.value"], recompute=False)
+    assert stored.column("gauge.value") == [0.0, None]  # the later null is not hidden

@@ -100,3 +100,44 @@ def test_a_client_without_an_offline_store_says_so() -> None:
         pytest.raises(kr.KairosError, match="keeps no offline store"),
     ):
         client.offline_query({"player.id": ["p1"], "ts": [T0]}, ["player.score"], recompute=False)
+
+
+def test_stored_reads_refuse_outputs_of_two_classes(client: kr.Client) -> None:
+    spine = {"player.id": ["p1"], "ts": [T0]}
+    with pytest.raises(kr.InvalidInput, match="several classes"):
+        client.offline_query(spine, ["player.score", "team.name"], recompute=False)
+
+
+def test_values_computed_at_a_future_now_are_not_kept(client: kr.Client) -> None:
+    future = datetime.now(UTC) + timedelta(days=400)
+    client.query({"player.id": "p5"}, ["player.score"], now=future)
+    stored = client.offline_query(
+        {"player.id": ["p5"], "ts": [future]}, ["player.score"], recompute=False
+    )
+    assert stored.column("player.score") == [None]
+
+
+def test_a_flush_waits_for_values_added_before_it() -> None:
+    import threading
+    import time as clock
+
+    from kairos.definitions.types import ValueType
+    from kairos.stores.offline_writer import OfflineWriter
+
+    written: list[str] = []
+    gate = threading.Event()
+
+    class SlowStore:
+        def write(self, namespace: str, feature: str, *args: object) -> None:
+            gate.wait(1.0)
+            written.append(feature)
+
+    writer = OfflineWriter(lambda: SlowStore(), interval=0.01)  # type: ignore[arg-type, return-value]
+    kind = ValueType("int")
+    writer.add([("n", "a", kind, kind, 1, T0, 1)])
+    clock.sleep(0.05)  # the writer is now inside the slow write of "a"
+    writer.add([("n", "b", kind, kind, 1, T0, 2)])
+    gate.set()
+    writer.flush(timeout=5)
+    assert written == ["a", "b"]
+    writer.close()

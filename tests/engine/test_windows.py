@@ -250,3 +250,35 @@ async def test_events_over_http(client: kr.Client) -> None:
         assert bad.status_code == 422 and "did you mean 'amount'" in bad.json()["error"]["message"]
         assert (await h.post("/v1/events/account", json={"rows": []})).status_code == 422
         assert (await h.post("/v1/events/nope", json={"rows": []})).status_code == 404
+
+
+def test_large_integer_sums_stay_exact_and_bad_rows_do_not_break_the_index() -> None:
+    @features(events=True, namespace="tick")
+    class Tick:
+        id: str
+        box_id: "Box.id"
+        n: int
+        d: int
+        at: FeatureTime
+
+    @features(namespace="box")
+    class Box:
+        id: str
+        ticks: DataFrame[Tick]
+        total: Windowed[int] = windowed("1h", expression=_.ticks[_.n, _.at > _.window_start].sum())
+        ratio: Windowed[float | None] = windowed(
+            "1d", expression=_.ticks[_.n / _.d, _.at > _.window_start].max()
+        )
+
+    with kr.Client(definitions=[Tick, Box], query_log="none://") as client:
+        rows = [
+            {"id": "t0", "box_id": "b", "n": 2**60, "d": 1, "at": T0},
+            {"id": "t1", "box_id": "b", "n": 1, "d": 0, "at": T0 + timedelta(hours=5)},  # n / 0
+            {"id": "t2", "box_id": "b", "n": 2, "d": 1, "at": T0 + timedelta(hours=5)},
+        ]
+        client.write_events(Tick, rows)
+        result = client.query(
+            {"box.id": "b"}, ["box.total[1h]", "box.ratio[1d]"], now=T0 + timedelta(hours=5)
+        )
+    assert result.get_value("box.total[1h]") == 3  # exact, beside an old 2**60
+    assert result.get_value("box.ratio[1d]") == float(2**60)  # the failing row counts as null
