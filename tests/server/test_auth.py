@@ -17,7 +17,7 @@ from kairos.cli.serve import serve
 from kairos.client.config import ServerConfig
 from kairos.errors import KairosError
 from kairos.server import create_app
-from tests.server.fraud import PROJECT, error_of, online_body
+from tests.server.fraud import PROJECT, copy_project, error_of, online_body
 
 KEY = "secret-key"
 # (method, path, JSON body) of every route that needs a key
@@ -142,3 +142,18 @@ def test_kairos_serve_exits_2_with_the_reason(fraud_db: Path) -> None:
     assert "refusing to serve on 0.0.0.0 without API keys" in done.stderr
     assert "Traceback" not in done.stderr
     assert "kairos serving" not in done.stdout
+
+
+@pytest.mark.anyio
+async def test_readyz_hides_source_errors_from_callers_without_a_key(tmp_path: Path) -> None:
+    project = copy_project(tmp_path / "fraud")
+    (project / "data" / "fraud.db").rename(project / "data" / "moved.db")
+    with kr.Client(project, query_log="none://", offline_store="none://") as client:
+        app = create_app(client, ServerConfig(keys=("secret-key",)))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            anonymous = await http.get("/readyz")
+            insider = await http.get("/readyz", headers={"Authorization": "Bearer secret-key"})
+    assert anonymous.status_code == insider.status_code == 503
+    assert anonymous.json()["sources"] == {"bank": "unavailable"}
+    assert "fraud.db" in insider.json()["sources"]["bank"]

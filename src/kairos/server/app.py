@@ -428,7 +428,9 @@ class Server:
             try:
                 await asyncio.wait_for(source.fetch("select 1", []), 2.0)
             except Exception as error:  # report, do not crash the probe
-                problems[name] = f"{type(error).__name__}: {error}"
+                # the probe is public: details (hosts, paths) only for an authorized caller
+                detail = f"{type(error).__name__}: {error}"
+                problems[name] = detail if self.authorized(request) else "unavailable"
         if problems:
             return json_response({"status": "unavailable", "sources": problems}, 503)
         return json_response({"status": "ready"})
