@@ -202,20 +202,27 @@ class _Run:
         wanted: list[tuple[str, int]] = []
         keys: list[StoreKey] = []
         for node in self.plan.nodes:
-            key_values = self.keys(node)
-            if key_values is None:
-                continue
-            for column in self.cacheable(node):
-                if column in self.cols:
-                    continue
-                feature = self.plan.columns[column].info.name
-                for row, key in enumerate(key_values):
-                    if key is not None:
-                        wanted.append((column, row))
-                        keys.append((node.namespace, _hashable(key), feature))
-        if not keys:
-            return
-        await self.read_cache(None, "online store read", wanted, keys)
+            if self.keys(node) is not None:
+                columns = [c for c in self.cacheable(node) if c not in self.cols]
+                self.cache_requests(node, columns, wanted, keys)
+        if keys:
+            await self.read_cache(None, "online store read", wanted, keys)
+
+    def cache_requests(
+        self,
+        node: PlanNode,
+        columns: list[str],
+        wanted: list[tuple[str, int]],
+        keys: list[StoreKey],
+    ) -> None:
+        """Add a store key per (column, row) of `node` whose entity key is known."""
+        key_values = self.keys(node) or []
+        for column in columns:
+            feature = self.plan.columns[column].info.name
+            for row, key in enumerate(key_values):
+                if key is not None:
+                    wanted.append((column, row))
+                    keys.append((node.namespace, _hashable(key), feature))
 
     async def read_cache(
         self, node: PlanNode | None, label: str, wanted: list[tuple[str, int]], keys: list[StoreKey]
@@ -323,18 +330,12 @@ class _Run:
 
     async def probe_node(self, node: PlanNode) -> None:
         """Cache read for an entity reached through a relation (its key is known only now)."""
+        wanted: list[tuple[str, int]] = []
+        keys: list[StoreKey] = []
         columns = [c for c in self.cacheable(node) if c not in self.cached]
-        if not columns:
-            return
-        key_values = self.keys(node) or []
-        wanted = [(c, r) for c in columns for r, k in enumerate(key_values) if k is not None]
-        keys: list[StoreKey] = [
-            (node.namespace, _hashable(key_values[r]), self.plan.columns[c].info.name)
-            for c, r in wanted
-        ]
-        if not keys:
-            return
-        await self.read_cache(node, f"online store read ({node.namespace})", wanted, keys)
+        self.cache_requests(node, columns, wanted, keys)
+        if keys:
+            await self.read_cache(node, f"online store read ({node.namespace})", wanted, keys)
 
     def rows_to_compute(self, node: PlanNode, outputs: dict[str, ColumnData]) -> list[int]:
         key_values = self.keys(node)

@@ -131,6 +131,20 @@ class OfflineStore(Protocol):
     def close(self) -> None: ...
 
 
+class InsertionClock:
+    """A store's `inserted_at`: now, but strictly increasing, so of two writes at the same
+    observed_at the later always wins. Call it under the store's write lock."""
+
+    def __init__(self) -> None:
+        self._last = datetime.min.replace(tzinfo=UTC)
+
+    def stamp(self, given: datetime | None) -> datetime:
+        if given is not None:
+            return given
+        self._last = max(datetime.now(UTC), self._last + timedelta(microseconds=1))
+        return self._last
+
+
 @dataclass(frozen=True)
 class CheckedEvents:
     """A write's columns, checked and typed for the store."""
@@ -225,7 +239,7 @@ class DuckDBOfflineStore:
         self._connection: duckdb.DuckDBPyConnection | None = connection
         self._lock = threading.Lock()
         self._tables: dict[tuple[str, str], tuple[str, str, str, bool]] = {}
-        self._last_inserted_at = datetime.min.replace(tzinfo=UTC)
+        self._clock = InsertionClock()
 
     def __repr__(self) -> str:
         return f"DuckDBOfflineStore({self.path!r})"
@@ -251,11 +265,7 @@ class DuckDBOfflineStore:
         value_column = batch_in.values
         with self._lock:
             connection = self._live()
-            if inserted_at is None:
-                # strictly increasing, so a later write always wins a tie on observed_at
-                now = datetime.now(UTC)
-                inserted_at = max(now, self._last_inserted_at + timedelta(microseconds=1))
-                self._last_inserted_at = inserted_at
+            inserted_at = self._clock.stamp(inserted_at)
             if not len(key_column):
                 return
             batch = pa.table(

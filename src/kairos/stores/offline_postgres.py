@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -29,6 +29,7 @@ from kairos.stores.offline import (
     _KEY_TYPES,
     _VALUE_TYPES,
     Column,
+    InsertionClock,
     _column,
     _times,
     checked_events,
@@ -119,7 +120,7 @@ class PostgresOfflineStore:
         self._connection: psycopg.Connection[tuple[Any, ...]] | None = None
         self._closed = False
         self._tables: dict[tuple[str, str], tuple[str, str, str]] = {}
-        self._last_inserted_at = datetime.min.replace(tzinfo=UTC)
+        self._clock = InsertionClock()
         with self._lock:
             self._live()
 
@@ -151,11 +152,7 @@ class PostgresOfflineStore:
         value_column = batch_in.values
         with self._lock:
             connection = self._live()
-            if inserted_at is None:
-                # strictly increasing, so a later write wins a tie on observed_at on its own
-                now = datetime.now(UTC)
-                inserted_at = max(now, self._last_inserted_at + timedelta(microseconds=1))
-                self._last_inserted_at = inserted_at
+            inserted_at = self._clock.stamp(inserted_at)
             if not len(key_column):
                 return
             types = [
