@@ -39,6 +39,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kairos.definitions.types import ValueType
@@ -68,6 +69,13 @@ def build(folder: Path, spine_rows: int, events: int, features: int, keys: int) 
     pq.write_table(pa.table(spine), folder / "spine.parquet")
 
 
+CHECKSUM: list[float] = []  # the sum of every value a step returned, to compare answers
+
+
+def checksum(columns: list[Any]) -> None:
+    CHECKSUM.append(sum(float(pc.sum(c).as_py() or 0.0) for c in columns))
+
+
 def floor(folder: Path, features: int, per_feature: bool) -> int:
     connection = duckdb.connect()
     spine, events = folder / "spine.parquet", folder / "events.parquet"
@@ -82,6 +90,7 @@ def floor(folder: Path, features: int, per_feature: bool) -> int:
             "on s.key = e.key and s.ts >= e.observed_at order by s.row_id"
         ).to_arrow_table()
         rows += table.num_rows
+        checksum(table.columns)
     connection.close()
     return rows
 
@@ -89,17 +98,14 @@ def floor(folder: Path, features: int, per_feature: bool) -> int:
 def store_load(folder: Path, features: int) -> int:
     events = pq.read_table(folder / "events.parquet")
     store = DuckDBOfflineStore(folder / "offline.duckdb")
-    try:
-        for i in range(features):
-            store.write(
-                "bench",
-                f"f{i}",
-                ValueType("float", True),
-                ValueType("int"),
-                events.column("key"),
-                events.column("observed_at"),
-                events.column(f"f{i}"),
-            )
+    try:  # the features of one event written together, as a resolver's outputs are
+        store.write_many(
+            "bench",
+            ValueType("int"),
+            events.column("key"),
+            events.column("observed_at"),
+            {f"f{i}": (ValueType("float", True), events.column(f"f{i}")) for i in range(features)},
+        )
     finally:
         store.close()
     return int(events.num_rows)
@@ -108,10 +114,12 @@ def store_load(folder: Path, features: int) -> int:
 def store_asof(folder: Path, features: int, ttl: timedelta | None) -> int:
     spine = pq.read_table(folder / "spine.parquet")
     store = DuckDBOfflineStore(folder / "offline.duckdb")
-    rows = 0
+    names = [f"f{i}" for i in range(features)]
     try:
-        for i in range(features):
-            rows += len(store.asof("bench", f"f{i}", spine["key"], spine["ts"], ttl))
+        found = store.asof_many("bench", names, spine["key"], spine["ts"], ttl)
+        rows = sum(len(found[name]) for name in names)
+        if ttl is None:
+            checksum([found[name] for name in names])
     finally:
         store.close()
     return rows
@@ -131,6 +139,7 @@ def client_offline(folder: Path, features: int) -> int:
         query_log="none://",
     ) as client:
         result = client.offline_query(spine, outputs, recompute=False)
+    checksum([result.table.column(name) for name in outputs])
     return len(result) * features
 
 
@@ -150,10 +159,11 @@ def child(step: str, folder: Path, features: int) -> None:
         rows = store_asof(folder, features, timedelta(days=7))
     seconds = time.perf_counter() - started
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"seconds": seconds, "peak_mib": peak_mib, "rows": rows}))
+    total = round(sum(CHECKSUM), 3) if CHECKSUM else None
+    print(json.dumps({"seconds": seconds, "peak_mib": peak_mib, "rows": rows, "sum": total}))
 
 
-def measure(step: str, folder: Path, features: int) -> dict[str, float]:
+def measure(step: str, folder: Path, features: int) -> dict[str, Any]:
     done = subprocess.run(
         [
             sys.executable,
@@ -169,7 +179,7 @@ def measure(step: str, folder: Path, features: int) -> dict[str, float]:
         capture_output=True,
         text=True,
     )
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
@@ -229,8 +239,8 @@ def main() -> None:
         steps = [
             ("floor: one ASOF JOIN over Parquet", "floor"),
             ("floor: one ASOF JOIN per feature", "floor_per_feature"),
-            ("store load (write per feature)", "store_load"),
-            ("store as-of (asof per feature)", "store_asof"),
+            ("store load (one write_many)", "store_load"),
+            ("store as-of (asof_many)", "store_asof"),
             ("store as-of, ttl 7d", "store_asof_ttl"),
             ("client offline_query(recompute=False)", "client_offline"),
         ]
@@ -244,12 +254,20 @@ def main() -> None:
             for _, store in (feast_steps if args.feast else [])
         }
         base = results["floor"]["seconds"]
-        header = f"{'step':<36} {'seconds':>9} {'x floor':>8} {'peak RSS MiB':>13}"
+        header = (
+            f"{'step':<36} {'seconds':>9} {'x floor':>8} {'peak RSS MiB':>13} {'x floor':>8} "
+            f"{'same values':>12}"
+        )
         print(header + (f"  {'spine rows back':>21}" if args.feast else ""))
         for label, step in steps:
             r = results[step]
             ratio = "" if step == "store_load" else f"{r['seconds'] / base:.2f}"
-            print(f"{label:<36} {r['seconds']:>9.2f} {ratio:>8} {r['peak_mib']:>13.0f}")
+            memory = f"{r['peak_mib'] / results['floor']['peak_mib']:.2f}"
+            same = "" if r.get("sum") is None else str(r["sum"] == results["floor"]["sum"])
+            print(
+                f"{label:<36} {r['seconds']:>9.2f} {ratio:>8} {r['peak_mib']:>13.0f} "
+                f"{memory:>8} {same:>12}"
+            )
         for label, store in feast_steps if args.feast else []:
             f = feast[store]
             if isinstance(f, str):

@@ -22,6 +22,9 @@ from tests.stores.test_offline_store import (
     test_a_feature_never_written_is_all_null as test_a_feature_never_written_is_all_null,
 )
 from tests.stores.test_offline_store import (
+    test_a_later_write_of_one_feature_overrides_the_group_it_was_written_in as test_a_later_write_of_one_feature_overrides_the_group_it_was_written_in,  # noqa: E501
+)
+from tests.stores.test_offline_store import (
     test_asof_matches_a_brute_force_oracle as test_asof_matches_a_brute_force_oracle,
 )
 from tests.stores.test_offline_store import (
@@ -32,6 +35,9 @@ from tests.stores.test_offline_store import (
 )
 from tests.stores.test_offline_store import (
     test_every_value_type_round_trips as test_every_value_type_round_trips,
+)
+from tests.stores.test_offline_store import (
+    test_features_written_together_and_apart_match_the_oracle as test_features_written_together_and_apart_match_the_oracle,  # noqa: E501
 )
 from tests.stores.test_offline_store import (
     test_int_and_str_keys_are_different_features_and_never_mixed as test_int_and_str_keys_are_different_features_and_never_mixed,  # noqa: E501
@@ -47,6 +53,9 @@ from tests.stores.test_offline_store import (
 )
 from tests.stores.test_offline_store import (
     test_ttl_excludes_exactly_ttl_old_and_includes_just_newer as test_ttl_excludes_exactly_ttl_old_and_includes_just_newer,  # noqa: E501
+)
+from tests.stores.test_offline_store import (
+    test_write_many_refuses_mixed_lengths_and_changed_types as test_write_many_refuses_mixed_lengths_and_changed_types,  # noqa: E501
 )
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"

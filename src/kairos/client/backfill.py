@@ -96,33 +96,35 @@ async def materialize(
         )
         errors += len(result.errors)
         failed = {(e.row, e.feature) for e in result.errors}
-        for name in names:
-            feature = client.graph.info(client.graph.ref(name)).name
-            kept = [  # a null is an observation too; a failed value is not
-                (key, moment, value)
-                for row, ((key, moment), value) in enumerate(
-                    zip(part, result.column(name), strict=True)
-                )
-                if (row, name) not in failed
-            ]
-            if not kept:
+        stored_as = {name: client.graph.info(client.graph.ref(name)).name for name in names}
+        columns = {name: result.column(name) for name in names}
+        # rows where every feature has its value are written together (one table, read back
+        # in one join); a row with a failed value keeps only the values that did not fail
+        whole = [row for row in range(len(part)) if not any((row, n) in failed for n in names)]
+        broken = sorted({row for row, _ in failed if row is not None})
+        batches = [(whole, names)] + [
+            ([row], [n for n in names if (row, n) not in failed]) for row in broken
+        ]
+        for rows, written_names in batches:
+            if not rows or not written_names:
                 continue
             # Written here, synchronously: a backfill must not outrun the writer's buffer.
             await asyncio.to_thread(
-                store.write,
+                store.write_many,
                 root,
-                feature,
-                types[name],
                 key_type,
-                [k for k, _, _ in kept],
-                [m for _, m, _ in kept],
-                [v for _, _, v in kept],
+                [part[row][0] for row in rows],
+                [part[row][1] for row in rows],
+                {stored_as[n]: (types[n], [columns[n][row] for row in rows]) for n in written_names},
             )
-            written += len(kept)
-            for key, moment, value in kept:
-                stored = latest.get((key, feature))
-                if moment <= horizon and (stored is None or stored.observed_at <= moment):
-                    latest[(key, feature)] = StoredValue(value, moment)
+            written += len(rows) * len(written_names)
+            for row in rows:
+                key, moment = part[row]
+                for name in written_names:
+                    feature = stored_as[name]
+                    stored = latest.get((key, feature))
+                    if moment <= horizon and (stored is None or stored.observed_at <= moment):
+                        latest[(key, feature)] = StoredValue(columns[name][row], moment)
         if progress is not None:
             progress(min(begin + chunk, total), total)
     if online and latest:

@@ -31,7 +31,7 @@ from kairos.engine.result import FeatureError
 from kairos.engine.values import to_utc
 from kairos.errors import InvalidInput, InvalidValue, KairosError
 from kairos.stores.datasets import Dataset, DatasetStore, DatasetVersion
-from kairos.stores.offline import python_values
+from kairos.stores.offline import readable
 
 if TYPE_CHECKING:
     from kairos.client.client import Client
@@ -261,20 +261,27 @@ def _stored_values(
         raise InvalidInput(
             f"reading stored values needs the spine's {primary!r} column", field=primary
         )
-    found: dict[str, Any] = {}
+    # the keys each relation path reaches, as of each row: a hop read once for all outputs
+    reached: dict[tuple[str, ...], tuple[str, Any]] = {(): (root, inputs[primary])}
+    wanted: dict[tuple[str, ...], dict[str, str]] = {}  # path -> output name -> feature
     for name in names:
         ref = client.graph.ref(name)
-        namespace, keys = root, inputs[primary]
-        for hop in ref.path:
-            relation = client.graph.feature(namespace, hop)
+        for depth in range(1, len(ref.path) + 1):
+            path = tuple(ref.path[:depth])
+            if path in reached:
+                continue
+            namespace, keys = reached[path[:-1]]
+            relation = client.graph.feature(namespace, path[-1])
             if relation.join_key is None or relation.target is None:  # pragma: no cover
-                raise InvalidInput(f"{name!r}: {namespace}.{hop} is not a has-one relation")
-            keys = store.asof(namespace, relation.join_key, keys, times)
-            namespace = relation.target
-        feature = client.graph.walk(ref)[1].name
-        array = store.asof(namespace, feature, keys, times)
-        kind = store.value_kind(namespace, feature)
-        found[name] = array if kind is None else python_values(array, kind)
+                raise InvalidInput(f"{name!r}: {namespace}.{path[-1]} is not a has-one relation")
+            reached[path] = (relation.target, store.asof(namespace, relation.join_key, keys, times))
+        wanted.setdefault(tuple(ref.path), {})[name] = client.graph.walk(ref)[1].name
+    found: dict[str, Any] = {}
+    for path, outputs in wanted.items():
+        namespace, keys = reached[path]
+        arrays = store.asof_many(namespace, list(outputs.values()), keys, times)
+        for name, feature in outputs.items():
+            found[name] = readable(arrays[feature], store.value_kind(namespace, feature))
     return found
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -58,34 +58,41 @@ _KEY_TYPES: dict[str, tuple[str, Any]] = {
 }
 
 _CATALOG = """
-create table if not exists kairos_offline_features (
+create table if not exists kairos_offline_segments (
+    table_name varchar primary key,
+    namespace varchar not null,
+    key_kind varchar not null,
+    ties boolean not null default false -- ever two events of one (key, observed_at)
+);
+create table if not exists kairos_offline_columns (
     namespace varchar not null,
     feature varchar not null,
-    table_name varchar not null unique,
+    table_name varchar not null,
+    column_name varchar not null,
     value_kind varchar not null,
-    key_kind varchar not null,
-    ties boolean not null default false, -- ever two events of one (key, observed_at)
-    primary key (namespace, feature)
+    primary key (namespace, feature, table_name)
 )
 """
 
 # Among events of the latest observed_at <= ts, the one inserted last wins (rowid breaks an
 # exact tie: the later write). DuckDB's as-of picks an arbitrary one among equal observed_at, so
-# a table that has ever held two events of one (key, observed_at) is joined on the struct
-# (observed_at, inserted_at, rowid), which costs about twice the plain join; a null ts is
-# -infinity there so it matches nothing (a struct with a null field compares as largest).
+# a segment that has ever held two events of one (key, observed_at), or a feature spread over
+# several segments, is joined on the struct (observed_at, inserted_at, rowid), which costs
+# about twice the plain join; a null ts is -infinity there so it matches nothing (a struct with
+# a null field compares as largest).
 _ASOF = """
-select {value} as value
+select {values}
 from kairos_spine as spine
 asof left join (
-    select key, observed_at, value, (observed_at, inserted_at, rowid) as version
-    from {table}
+    select key, observed_at, {columns}{version}
+    from {events}
     where observed_at <= $max_ts{lower_bound}
 ) as event
     on spine.key = event.key
     and {inequality}
 order by spine.row_id
 """
+_VERSION = ", (observed_at, inserted_at, rowid) as version"
 _PLAIN = "spine.ts >= event.observed_at"
 _TIE_BREAKING = """(coalesce(spine.ts, '-infinity'::timestamptz), 'infinity'::timestamptz,
          9223372036854775807::bigint) >= event.version"""
@@ -100,10 +107,17 @@ group by stored.key, stored.observed_at having count(*) > 1 limit 1
 
 # A list, or a pyarrow Array / ChunkedArray (no copy through Python objects for big batches)
 Column: TypeAlias = Sequence[Any]
+# feature -> (its value type, one value per event)
+Written: TypeAlias = Mapping[str, tuple[ValueType, Column]]
+# one ttl for every feature read, or one per feature (None: no limit)
+TTLs: TypeAlias = timedelta | Mapping[str, timedelta | None] | None
 
 
 class OfflineStore(Protocol):
-    """What the engine needs from an offline store: bulk typed writes and as-of reads."""
+    """What the engine needs from an offline store: bulk typed writes and as-of reads.
+
+    `write_many` stores several features of the same events together (a resolver's outputs, a
+    backfill), so `asof_many` reads them back in one join."""
 
     def write(
         self,
@@ -117,6 +131,16 @@ class OfflineStore(Protocol):
         inserted_at: datetime | None = None,
     ) -> None: ...
 
+    def write_many(
+        self,
+        namespace: str,
+        key_type: ValueType,
+        keys: Column,
+        observed_at: Column,
+        values: Written,
+        inserted_at: datetime | None = None,
+    ) -> None: ...
+
     def asof(
         self,
         namespace: str,
@@ -125,6 +149,15 @@ class OfflineStore(Protocol):
         times: Column,
         ttl: timedelta | None = None,
     ) -> pa.Array: ...
+
+    def asof_many(
+        self,
+        namespace: str,
+        features: Sequence[str],
+        keys: Column,
+        times: Column,
+        ttl: TTLs = None,
+    ) -> dict[str, pa.Array]: ...
 
     def value_kind(self, namespace: str, feature: str) -> str | None: ...
 
@@ -146,45 +179,54 @@ class InsertionClock:
 
 
 @dataclass(frozen=True)
-class CheckedEvents:
-    """A write's columns, checked and typed for the store."""
+class CheckedBatch:
+    """A write of several features of the same events, checked and typed for the store."""
 
-    name: str
-    value_kind: str
+    namespace: str
     key_kind: str
     keys: pa.Array
     observed_at: pa.Array
-    values: pa.Array
+    values: Mapping[str, tuple[str, pa.Array]]  # feature -> (value kind, values)
 
 
-def checked_events(
+def checked_batch(
     namespace: str,
-    feature: str,
-    value_type: ValueType,
     key_type: ValueType,
     keys: Column,
     observed_at: Column,
-    values: Column,
+    values: Written,
     inserted_at: datetime | None,
-) -> CheckedEvents:
+) -> CheckedBatch:
     """Validate a write (lengths, no null keys or times, value types) for any backend."""
-    name = f"{namespace}.{feature}"
-    value_kind, key_kind = _value_kind(name, value_type), _key_kind(name, key_type)
-    if not len(keys) == len(observed_at) == len(values):
-        raise InvalidInput(
-            f"write of {name!r}: keys, observed_at and values have lengths {len(keys)}, "
-            f"{len(observed_at)} and {len(values)}; pass one of each per event"
-        )
-    key_column = _column(keys, _KEY_TYPES[key_kind][1], f"{name} key")
+    if not values:
+        raise InvalidInput(f"write to {namespace!r}: name at least one feature to write")
+    names = ", ".join(f"{namespace}.{feature}" for feature in values)
+    key_kind = _key_kind(names, key_type)
+    for feature, (_, column) in values.items():
+        if not len(keys) == len(observed_at) == len(column):
+            raise InvalidInput(
+                f"write of '{namespace}.{feature}': keys, observed_at and values have lengths "
+                f"{len(keys)}, {len(observed_at)} and {len(column)}; pass one of each per event"
+            )
+    key_column = _column(keys, _KEY_TYPES[key_kind][1], f"{names} key")
     if key_column.null_count:
-        raise InvalidValue(f"write of {name!r}: a key is None; every event needs its key")
-    observed_column = _times(observed_at, f"{name} observed_at")
+        raise InvalidValue(f"write of {names!r}: a key is None; every event needs its key")
+    observed_column = _times(observed_at, f"{names} observed_at")
     if observed_column.null_count:
-        raise InvalidValue(f"write of {name!r}: an observed_at is None; every event needs one")
-    value_column = _values(values, value_kind, name)
+        raise InvalidValue(f"write of {names!r}: an observed_at is None; every event needs one")
+    typed = {}
+    for feature, (value_type, column) in values.items():
+        name = f"{namespace}.{feature}"
+        kind = _value_kind(name, value_type)
+        typed[feature] = (kind, _values(column, kind, name))
     if inserted_at is not None:
-        _aware(inserted_at, f"{name} inserted_at")
-    return CheckedEvents(name, value_kind, key_kind, key_column, observed_column, value_column)
+        _aware(inserted_at, f"{names} inserted_at")
+    return CheckedBatch(namespace, key_kind, key_column, observed_column, typed)
+
+
+def ttl_of(ttl: TTLs, feature: str) -> timedelta | None:
+    """The ttl one feature is read with."""
+    return ttl.get(feature) if isinstance(ttl, Mapping) else ttl
 
 
 def table_name(namespace: str, feature: str) -> str:
@@ -205,11 +247,31 @@ def _quoted(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
+@dataclass(frozen=True)
+class _Segment:
+    """One table of events: a key, observed_at, inserted_at and one column per feature."""
+
+    table: str
+    namespace: str
+    key_kind: str
+    columns: Mapping[str, tuple[str, str]]  # feature -> (column, value kind)
+    ties: bool
+
+
+def _segment_table(namespace: str, features: Sequence[str]) -> str:
+    # "+" never occurs in a feature's name, so a group's name is no single feature's
+    return table_name(namespace, "+".join(features))
+
+
+def _segment_columns(features: Sequence[str]) -> list[str]:
+    return ["value"] if len(features) == 1 else [f"v{i}" for i in range(len(features))]
+
+
 class DuckDBOfflineStore:
     """Offline store in one DuckDB file (`:memory:` for a throwaway one); the folder is created.
 
-    DuckDB lets one process write a file, so a store owns its connection; writes take a lock,
-    reads run on their own cursor and may overlap.
+    DuckDB lets one process write a file, so a store owns its connection (and its catalog, kept
+    in memory); writes take a lock, reads run on their own cursor and may overlap.
 
     >>> store = DuckDBOfflineStore(":memory:")
     >>> t = datetime(2026, 1, 1, tzinfo=UTC)
@@ -233,13 +295,15 @@ class DuckDBOfflineStore:
         try:
             connection.execute("set TimeZone = 'UTC'")
             connection.execute(_CATALOG)
+            _migrate_catalog(connection)
         except duckdb.Error as error:
             connection.close()
             raise KairosError(f"cannot open offline store {self.path!r}: {error}") from None
         self._connection: duckdb.DuckDBPyConnection | None = connection
         self._lock = threading.Lock()
-        self._tables: dict[tuple[str, str], tuple[str, str, str, bool]] = {}
         self._clock = InsertionClock()
+        self._segments: dict[str, _Segment] = {}
+        self._load_catalog(connection)
 
     def __repr__(self) -> str:
         return f"DuckDBOfflineStore({self.path!r})"
@@ -257,56 +321,85 @@ class DuckDBOfflineStore:
     ) -> None:
         """Append events `(keys[i], observed_at[i], values[i])`, all inserted at `inserted_at`
         (default: now, and never twice the same instant in one store), in one transaction."""
-        batch_in = checked_events(
-            namespace, feature, value_type, key_type, keys, observed_at, values, inserted_at
+        self.write_many(
+            namespace, key_type, keys, observed_at, {feature: (value_type, values)}, inserted_at
         )
-        name, value_kind, key_kind = batch_in.name, batch_in.value_kind, batch_in.key_kind
-        key_column, observed_column = batch_in.keys, batch_in.observed_at
-        value_column = batch_in.values
+
+    def write_many(
+        self,
+        namespace: str,
+        key_type: ValueType,
+        keys: Column,
+        observed_at: Column,
+        values: Written,
+        inserted_at: datetime | None = None,
+    ) -> None:
+        """Append events of several features at once, `values[feature][i]` for event i, into
+        one table (created for this set of features on its first write), so an as-of read of
+        them all is one join.
+
+        >>> store = DuckDBOfflineStore(":memory:")
+        >>> t = datetime(2026, 1, 1, tzinfo=UTC)
+        >>> store.write_many("user", ValueType("str"), ["u1"], [t],
+        ...     {"age": (ValueType("int"), [41]), "name": (ValueType("str"), ["Ada"])})
+        >>> found = store.asof_many("user", ["age", "name"], ["u1"], [t])
+        >>> found["age"].to_pylist(), found["name"].to_pylist()
+        ([41], ['Ada'])
+        >>> store.close()
+        """
+        batch_in = checked_batch(namespace, key_type, keys, observed_at, values, inserted_at)
+        features = sorted(batch_in.values)
+        names = ", ".join(f"{namespace}.{feature}" for feature in features)
         with self._lock:
             connection = self._live()
             inserted_at = self._clock.stamp(inserted_at)
-            if not len(key_column):
+            count = len(batch_in.keys)
+            if not count:
                 return
+            columns = _segment_columns(features)
             batch = pa.table(
                 {
-                    "key": key_column,
-                    "observed_at": observed_column,
+                    "key": batch_in.keys,
+                    "observed_at": batch_in.observed_at,
                     "inserted_at": pa.array(
-                        np.full(len(key_column), codec.to_micros(inserted_at), dtype=np.int64)
+                        np.full(count, codec.to_micros(inserted_at), dtype=np.int64)
                     ).view(TIMESTAMP),
-                    "value": value_column,
+                    **{
+                        column: batch_in.values[feature][1]
+                        for column, feature in zip(columns, features, strict=True)
+                    },
                 }
             )
             try:
                 connection.execute("begin transaction")
-                table = self._ensure_table(connection, namespace, feature, value_kind, key_kind)
+                segment = self._ensure_segment(connection, batch_in, features)
+                listed = ", ".join(["key", "observed_at", "inserted_at", *columns])
                 connection.register("kairos_batch", batch)
                 try:
                     connection.execute(
-                        f"insert into {_quoted(table)} (key, observed_at, inserted_at, value) "
-                        "select key, observed_at, inserted_at, value from kairos_batch"
+                        f"insert into {_quoted(segment.table)} ({listed}) "
+                        f"select {listed} from kairos_batch"
                     )
-                    found = self._tables[(namespace, feature)]
                     if (
-                        not found[3]
-                        and connection.execute(_TIES.format(table=_quoted(table))).fetchall()
+                        not segment.ties
+                        and connection.execute(
+                            _TIES.format(table=_quoted(segment.table))
+                        ).fetchall()
                     ):
                         connection.execute(
-                            "update kairos_offline_features set ties = true "
-                            "where namespace = ? and feature = ?",
-                            [namespace, feature],
+                            "update kairos_offline_segments set ties = true where table_name = ?",
+                            [segment.table],
                         )
-                        self._tables[(namespace, feature)] = (*found[:3], True)
                 finally:
                     connection.unregister("kairos_batch")
                 connection.execute("commit")
             except BaseException as error:
                 connection.execute("rollback")
-                self._tables.pop((namespace, feature), None)
+                self._load_catalog(connection)
                 if isinstance(error, duckdb.Error):
-                    raise KairosError(f"{self!r}: cannot write {name!r}: {error}") from None
+                    raise KairosError(f"{self!r}: cannot write {names!r}: {error}") from None
                 raise
+            self._load_catalog(connection)
 
     def asof(
         self,
@@ -318,68 +411,77 @@ class DuckDBOfflineStore:
     ) -> pa.Array:
         """For each spine row i, the feature's latest value with observed_at <= times[i] (and
         > times[i] - ttl), else null; in spine order. Null keys and null times give null."""
-        name = f"{namespace}.{feature}"
+        return self.asof_many(namespace, [feature], keys, times, ttl)[feature]
+
+    def asof_many(
+        self,
+        namespace: str,
+        features: Sequence[str],
+        keys: Column,
+        times: Column,
+        ttl: TTLs = None,
+    ) -> dict[str, pa.Array]:
+        """`asof` for several features of one spine: features written together are read in
+        one join; a feature spread over several tables gets a join over their union."""
+        names = ", ".join(f"{namespace}.{feature}" for feature in features)
         if len(keys) != len(times):
             raise InvalidInput(
-                f"as-of read of {name!r}: {len(keys)} keys but {len(times)} times; the spine "
+                f"as-of read of {names!r}: {len(keys)} keys but {len(times)} times; the spine "
                 "needs one time per key"
             )
-        if ttl is not None and ttl <= timedelta(0):
-            raise InvalidInput(f"as-of read of {name!r}: ttl {ttl!r} must be positive, or None")
-        time_column = _times(times, f"{name} times")
+        for feature in features:
+            limit = ttl_of(ttl, feature)
+            if limit is not None and limit <= timedelta(0):
+                raise InvalidInput(
+                    f"as-of read of '{namespace}.{feature}': ttl {limit!r} must be positive, "
+                    "or None"
+                )
+        time_column = _times(times, f"{names} times")
+        found: dict[str, pa.Array] = {}
+        # tables -> features read in one join (a feature held by several tables: alone)
+        groups: dict[tuple[str, ...], tuple[tuple[str, ...], list[str]]] = {}
+        with self._lock:
+            segments = list(self._segments.values())
+        for feature in dict.fromkeys(features):
+            holding = tuple(
+                s.table for s in segments if s.namespace == namespace and feature in s.columns
+            )
+            if not holding:
+                found[feature] = pa.nulls(len(time_column))
+            else:
+                shared = holding if len(holding) == 1 else (*holding, "\0" + feature)
+                groups.setdefault(shared, (holding, []))[1].append(feature)
+        if not groups:
+            return found
+        by_table = {s.table: s for s in segments}
+        spines: dict[str, pa.Table] = {}
         cursor = self._cursor()
         try:
-            found = self._table_of(cursor, namespace, feature)
-            if found is None:
-                return pa.nulls(len(time_column))
-            table, value_kind, key_kind, ties = found
-            spine = pa.table(
-                {
-                    "row_id": pa.array(np.arange(len(time_column), dtype=np.int32)),
-                    "key": _column(keys, _KEY_TYPES[key_kind][1], f"{name} key"),
-                    "ts": time_column,
-                }
-            )
-            if not spine.num_rows or time_column.null_count == spine.num_rows:
-                return pa.nulls(spine.num_rows, _VALUE_TYPES[value_kind][1])
-            latest, earliest = pc.max(time_column).as_py(), pc.min(time_column).as_py()
-            value = "epoch_us(event.value)" if value_kind == "timedelta" else "event.value"
-            if ttl is not None:
-                value = f"case when event.observed_at > spine.ts - $ttl then {value} end"
-            parameters: dict[str, Any] = {"max_ts": latest}
-            lower_bound = ""
-            if ttl is not None:
-                lower_bound = " and observed_at > $min_ts"
-                parameters["ttl"] = ttl
-                try:
-                    parameters["min_ts"] = earliest - ttl
-                except OverflowError:  # a ttl reaching before year 1 prunes nothing
-                    lower_bound = ""
-            cursor.register("kairos_spine", spine)
-            sql = _ASOF.format(
-                value=value,
-                table=_quoted(table),
-                lower_bound=lower_bound,
-                inequality=_TIE_BREAKING if ties else _PLAIN,
-            )
-            result = cursor.sql(sql, params=parameters).to_arrow_table().column(0)
+            for tables, together in groups.values():
+                held = [by_table[t] for t in tables]
+                key_kind = held[0].key_kind
+                if key_kind not in spines:
+                    spines[key_kind] = pa.table(
+                        {
+                            "row_id": pa.array(np.arange(len(time_column), dtype=np.int32)),
+                            "key": _column(keys, _KEY_TYPES[key_kind][1], f"{names} key"),
+                            "ts": time_column,
+                        }
+                    )
+                found.update(self._asof_group(cursor, spines[key_kind], held, together, ttl))
         except duckdb.Error as error:
-            raise KairosError(f"{self!r}: cannot read {name!r}: {error}") from None
+            raise KairosError(f"{self!r}: cannot read {names!r}: {error}") from None
         finally:
             cursor.close()
-        column = result.combine_chunks()
-        if value_kind == "timedelta":
-            return column.cast(pa.int64()).view(pa.duration("us"))
-        return column.cast(_VALUE_TYPES[value_kind][1])
+        return found
 
     def value_kind(self, namespace: str, feature: str) -> str | None:
         """The value kind a feature was written with (`int`, `list`...), None if never written."""
-        cursor = self._cursor()
-        try:
-            found = self._table_of(cursor, namespace, feature)
-        finally:
-            cursor.close()
-        return None if found is None else found[1]
+        with self._lock:
+            for segment in self._segments.values():
+                if segment.namespace == namespace and feature in segment.columns:
+                    return segment.columns[feature][1]
+        return None
 
     def close(self) -> None:
         with self._lock:
@@ -400,56 +502,173 @@ class DuckDBOfflineStore:
         cursor.execute("set TimeZone = 'UTC'")
         return cursor
 
-    def _table_of(
-        self, connection: duckdb.DuckDBPyConnection, namespace: str, feature: str
-    ) -> tuple[str, str, str, bool] | None:
-        found = self._tables.get((namespace, feature))
-        if found is None:
-            rows = connection.execute(
-                "select table_name, value_kind, key_kind, ties from kairos_offline_features "
-                "where namespace = ? and feature = ?",
-                [namespace, feature],
-            ).fetchall()
-            if not rows:
-                return None
-            row = rows[0]
-            found = (str(row[0]), str(row[1]), str(row[2]), bool(row[3]))
-            self._tables[(namespace, feature)] = found
+    def _asof_group(
+        self,
+        cursor: duckdb.DuckDBPyConnection,
+        spine: pa.Table,
+        held: list[_Segment],
+        group: list[str],
+        ttl: TTLs,
+    ) -> dict[str, pa.Array]:
+        """One as-of join answering every feature of `group`, all held by the tables `held`
+        (one table: any number of features; several tables: one feature, over their union)."""
+        rows = spine.num_rows
+        time_column = spine.column("ts")
+        kinds = {feature: held[0].columns[feature][1] for feature in group}
+        if not rows or time_column.null_count == rows:
+            return {f: pa.nulls(rows, _VALUE_TYPES[kinds[f]][1]) for f in group}
+        latest, earliest = pc.max(time_column).as_py(), pc.min(time_column).as_py()
+        parameters: dict[str, Any] = {"max_ts": latest}
+        values = []
+        for index, feature in enumerate(group):
+            value = f"event.c{index}"
+            if kinds[feature] == "timedelta":
+                value = f"epoch_us({value})"
+            limit = ttl_of(ttl, feature)
+            if limit is not None:
+                value = f"case when event.observed_at > spine.ts - $ttl{index} then {value} end"
+                parameters[f"ttl{index}"] = limit
+            values.append(value)
+        limits = [ttl_of(ttl, feature) for feature in group]
+        lower_bound = ""
+        if all(limit is not None for limit in limits):
+            try:
+                parameters["min_ts"] = earliest - max(limit for limit in limits if limit)
+                lower_bound = " and observed_at > $min_ts"
+            except OverflowError:  # a ttl reaching before year 1 prunes nothing
+                pass
+        if len(held) == 1:
+            segment = held[0]
+            columns = [
+                f"{_quoted(segment.columns[feature][0])} as c{i}" for i, feature in enumerate(group)
+            ]
+            events, version = _quoted(segment.table), _VERSION
+            ties = segment.ties
+        else:  # one feature over several tables: inserted_at orders writes across them
+            feature = group[0]
+            events = (
+                "("
+                + " union all ".join(
+                    f"select key, observed_at, inserted_at, rowid as row_number, "
+                    f"{_quoted(s.columns[feature][0])} as c0 from {_quoted(s.table)}"
+                    for s in held
+                )
+                + ")"
+            )
+            columns = ["c0"]
+            version = ", (observed_at, inserted_at, row_number) as version"
+            ties = True
+        sql = _ASOF.format(
+            values=", ".join(values),
+            columns=", ".join(columns),
+            version=version if ties else "",
+            events=events,
+            lower_bound=lower_bound,
+            inequality=_TIE_BREAKING if ties else _PLAIN,
+        )
+        cursor.register("kairos_spine", spine)
+        try:
+            result = cursor.sql(sql, params=parameters).to_arrow_table()
+        finally:
+            cursor.unregister("kairos_spine")
+        found = {}
+        for index, feature in enumerate(group):
+            column = result.column(index).combine_chunks()
+            if kinds[feature] == "timedelta":
+                found[feature] = column.cast(pa.int64()).view(pa.duration("us"))
+            else:
+                found[feature] = column.cast(_VALUE_TYPES[kinds[feature]][1])
         return found
 
-    def _ensure_table(
-        self,
-        connection: duckdb.DuckDBPyConnection,
-        namespace: str,
-        feature: str,
-        value_kind: str,
-        key_kind: str,
-    ) -> str:
-        found = self._table_of(connection, namespace, feature)
-        if found is not None:
-            table, stored_value, stored_key, _ = found
-            if (_VALUE_TYPES[stored_value][0], stored_key) != (
-                _VALUE_TYPES[value_kind][0],
-                key_kind,
-            ):
-                raise InvalidValue(
-                    f"write of '{namespace}.{feature}': it is stored with {stored_value} values "
-                    f"and {stored_key} keys, not {value_kind} values and {key_kind} keys; write "
-                    "it with the types it was first written with"
-                )
-            return table
-        table = table_name(namespace, feature)
+    def _load_catalog(self, connection: duckdb.DuckDBPyConnection) -> None:
+        columns: dict[str, dict[str, tuple[str, str]]] = {}
+        for table, feature, column, kind in connection.execute(
+            "select table_name, feature, column_name, value_kind from kairos_offline_columns"
+        ).fetchall():
+            columns.setdefault(str(table), {})[str(feature)] = (str(column), str(kind))
+        self._segments = {
+            str(table): _Segment(
+                str(table), str(namespace), str(key_kind), columns.get(str(table), {}), bool(ties)
+            )
+            for table, namespace, key_kind, ties in connection.execute(
+                "select table_name, namespace, key_kind, ties from kairos_offline_segments"
+            ).fetchall()
+        }
+
+    def _ensure_segment(
+        self, connection: duckdb.DuckDBPyConnection, batch: CheckedBatch, features: list[str]
+    ) -> _Segment:
+        """The table holding exactly `features` of `batch.namespace`, created if need be, after
+        checking each feature is written with the types it was first written with."""
+        namespace, key_kind = batch.namespace, batch.key_kind
+        wanted = set(features)
+        for segment in self._segments.values():
+            if segment.namespace != namespace:
+                continue
+            for feature in wanted & set(segment.columns):
+                stored_value = segment.columns[feature][1]
+                value_kind = batch.values[feature][0]
+                if (_VALUE_TYPES[stored_value][0], segment.key_kind) != (
+                    _VALUE_TYPES[value_kind][0],
+                    key_kind,
+                ):
+                    raise InvalidValue(
+                        f"write of '{namespace}.{feature}': it is stored with {stored_value} "
+                        f"values and {segment.key_kind} keys, not {value_kind} values and "
+                        f"{key_kind} keys; write it with the types it was first written with"
+                    )
+            if set(segment.columns) == wanted:
+                return segment
+        table = _segment_table(namespace, features)
+        columns = _segment_columns(features)
+        typed = ", ".join(
+            f"{column} {_VALUE_TYPES[batch.values[feature][0]][0]}"
+            for column, feature in zip(columns, features, strict=True)
+        )
         connection.execute(
             f"create table {_quoted(table)} (key {_KEY_TYPES[key_kind][0]}, "
-            "observed_at TIMESTAMPTZ not null, inserted_at TIMESTAMPTZ not null, "
-            f"value {_VALUE_TYPES[value_kind][0]})"
+            f"observed_at TIMESTAMPTZ not null, inserted_at TIMESTAMPTZ not null, {typed})"
         )
         connection.execute(
-            "insert into kairos_offline_features values (?, ?, ?, ?, ?, false)",
-            [namespace, feature, table, value_kind, key_kind],
+            "insert into kairos_offline_segments values (?, ?, ?, false)",
+            [table, namespace, key_kind],
         )
-        self._tables[(namespace, feature)] = (table, value_kind, key_kind, False)
-        return table
+        for column, feature in zip(columns, features, strict=True):
+            connection.execute(
+                "insert into kairos_offline_columns values (?, ?, ?, ?, ?)",
+                [namespace, feature, table, column, batch.values[feature][0]],
+            )
+        return _Segment(
+            table,
+            namespace,
+            key_kind,
+            {
+                feature: (column, batch.values[feature][0])
+                for column, feature in zip(columns, features, strict=True)
+            },
+            False,
+        )
+
+
+def _migrate_catalog(connection: duckdb.DuckDBPyConnection) -> None:
+    """A file from before tables held several features: one catalog row per feature becomes a
+    one-feature table in the new catalog; the tables themselves are kept as they are."""
+    old = connection.execute(
+        "select 1 from information_schema.tables where table_name = 'kairos_offline_features'"
+    ).fetchall()
+    if not old:
+        return
+    connection.execute("begin transaction")
+    connection.execute(
+        "insert into kairos_offline_segments select table_name, namespace, key_kind, ties "
+        "from kairos_offline_features"
+    )
+    connection.execute(
+        "insert into kairos_offline_columns select namespace, feature, table_name, 'value', "
+        "value_kind from kairos_offline_features"
+    )
+    connection.execute("drop table kairos_offline_features")
+    connection.execute("commit")
 
 
 def python_values(array: pa.Array, value_kind: str) -> list[Any]:
@@ -462,6 +681,12 @@ def python_values(array: pa.Array, value_kind: str) -> list[Any]:
         return [None if text is None else codec.decode(text.encode()) for text in array.to_pylist()]
     values: list[Any] = array.to_pylist()
     return values
+
+
+def readable(array: pa.Array, value_kind: str | None) -> pa.Array | list[Any]:
+    """An as-of result ready to hand out: list, dict and `any` values decoded from JSON into
+    Python values; every other kind stays the Arrow array it is (no copy)."""
+    return python_values(array, value_kind) if value_kind in _JSON_KINDS else array
 
 
 def offline_store_from_url(url: str) -> OfflineStore:

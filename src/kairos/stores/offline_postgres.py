@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -30,10 +31,13 @@ from kairos.stores.offline import (
     _VALUE_TYPES,
     Column,
     InsertionClock,
+    TTLs,
+    Written,
     _column,
     _times,
-    checked_events,
+    checked_batch,
     table_name,
+    ttl_of,
 )
 
 if TYPE_CHECKING:
@@ -141,49 +145,85 @@ class PostgresOfflineStore:
     ) -> None:
         """Append events `(keys[i], observed_at[i], values[i])`, all inserted at `inserted_at`
         (default: now, and never twice the same instant in one store), in one transaction."""
+        self.write_many(
+            namespace, key_type, keys, observed_at, {feature: (value_type, values)}, inserted_at
+        )
+
+    def write_many(
+        self,
+        namespace: str,
+        key_type: ValueType,
+        keys: Column,
+        observed_at: Column,
+        values: Written,
+        inserted_at: datetime | None = None,
+    ) -> None:
+        """Several features of the same events, in one transaction: one table each (a
+        PostgreSQL as-of read is an index lookup per row, which a wide table would not make
+        cheaper)."""
         import psycopg
         from psycopg import sql
 
-        batch_in = checked_events(
-            namespace, feature, value_type, key_type, keys, observed_at, values, inserted_at
-        )
-        name, value_kind, key_kind = batch_in.name, batch_in.value_kind, batch_in.key_kind
-        key_column, observed_column = batch_in.keys, batch_in.observed_at
-        value_column = batch_in.values
+        batch_in = checked_batch(namespace, key_type, keys, observed_at, values, inserted_at)
+        key_kind = batch_in.key_kind
+        names = ", ".join(f"{namespace}.{feature}" for feature in batch_in.values)
         with self._lock:
             connection = self._live()
             inserted_at = self._clock.stamp(inserted_at)
-            if not len(key_column):
+            if not len(batch_in.keys):
                 return
-            types = [
-                _PG_KEY_TYPES[key_kind][1],
-                "timestamptz",
-                "timestamptz",
-                _PG_VALUE_TYPES[value_kind][1],
-            ]
+            key_list = batch_in.keys.to_pylist()
+            observed_list = batch_in.observed_at.to_pylist()
             try:
                 with connection.transaction():
-                    table = self._ensure_table(connection, namespace, feature, value_kind, key_kind)
-                    copy = sql.SQL(
-                        "copy {} (key, observed_at, inserted_at, value) from stdin (format binary)"
-                    ).format(table)
-                    with connection.cursor() as cursor, cursor.copy(copy) as rows:
-                        rows.set_types(types)
-                        for key, at, value in zip(
-                            key_column.to_pylist(),
-                            observed_column.to_pylist(),
-                            value_column.to_pylist(),
-                            strict=True,
-                        ):
-                            rows.write_row((key, at, inserted_at, value))
+                    for feature, (value_kind, value_column) in batch_in.values.items():
+                        table = self._ensure_table(
+                            connection, namespace, feature, value_kind, key_kind
+                        )
+                        copy = sql.SQL(
+                            "copy {} (key, observed_at, inserted_at, value) "
+                            "from stdin (format binary)"
+                        ).format(table)
+                        with connection.cursor() as cursor, cursor.copy(copy) as rows:
+                            rows.set_types(
+                                [
+                                    _PG_KEY_TYPES[key_kind][1],
+                                    "timestamptz",
+                                    "timestamptz",
+                                    _PG_VALUE_TYPES[value_kind][1],
+                                ]
+                            )
+                            for key, at, value in zip(
+                                key_list, observed_list, value_column.to_pylist(), strict=True
+                            ):
+                                rows.write_row((key, at, inserted_at, value))
             except psycopg.Error as error:
-                self._tables.pop((namespace, feature), None)
+                self._forget(namespace, batch_in.values)
                 raise KairosError(
-                    f"{self!r}: cannot write {name!r}: {self._scrub(error)}"
+                    f"{self!r}: cannot write {names!r}: {self._scrub(error)}"
                 ) from None
             except BaseException:
-                self._tables.pop((namespace, feature), None)
+                self._forget(namespace, batch_in.values)
                 raise
+
+    def _forget(self, namespace: str, features: Iterable[str]) -> None:
+        """Drop cached catalog rows a rolled-back write may have added."""
+        for feature in features:
+            self._tables.pop((namespace, feature), None)
+
+    def asof_many(
+        self,
+        namespace: str,
+        features: Sequence[str],
+        keys: Column,
+        times: Column,
+        ttl: TTLs = None,
+    ) -> dict[str, pa.Array]:
+        """`asof` for each of several features of one spine."""
+        return {
+            feature: self.asof(namespace, feature, keys, times, ttl_of(ttl, feature))
+            for feature in dict.fromkeys(features)
+        }
 
     def asof(
         self,
