@@ -115,7 +115,10 @@ async def materialize(
                 key_type,
                 [part[row][0] for row in rows],
                 [part[row][1] for row in rows],
-                {stored_as[n]: (types[n], [columns[n][row] for row in rows]) for n in written_names},
+                {
+                    stored_as[n]: (types[n], [columns[n][row] for row in rows])
+                    for n in written_names
+                },
             )
             written += len(rows) * len(written_names)
             for row in rows:

@@ -48,6 +48,7 @@ def _feature(info: FeatureInfo) -> list[Any]:
         None if info.expression is None else repr(info.expression),
         _seconds(info.window),
         _seconds(info.max_staleness),
+        _seconds(info.ttl),
         info.target,
         info.join_key,
         None if info.fk_target is None else list(info.fk_target),

@@ -279,7 +279,8 @@ def _stored_values(
     found: dict[str, Any] = {}
     for path, outputs in wanted.items():
         namespace, keys = reached[path]
-        arrays = store.asof_many(namespace, list(outputs.values()), keys, times)
+        ttls = {f: client.graph.feature(namespace, f).ttl for f in outputs.values()}
+        arrays = store.asof_many(namespace, list(outputs.values()), keys, times, ttls)
         for name, feature in outputs.items():
             found[name] = readable(arrays[feature], store.value_kind(namespace, feature))
     return found

@@ -36,6 +36,7 @@ class FeatureOptions:
 
     default: Any = MISSING
     max_staleness: timedelta | None = None
+    ttl: timedelta | None = None
     description: str | None = None
     tags: tuple[str, ...] = ()
     owner: str | None = None
@@ -49,6 +50,7 @@ def feature(
     *,
     default: Any = MISSING,
     max_staleness: DurationLike | None = None,
+    ttl: DurationLike | None = None,
     description: str | None = None,
     tags: Iterable[str] = (),
     owner: str | None = None,
@@ -56,7 +58,12 @@ def feature(
     max: Any = None,
     expression: Any = None,
 ) -> Any:
-    """Options for one feature: `balance: float = feature(max_staleness="5m", min=0)`."""
+    """Options for one feature: `balance: float = feature(max_staleness="5m", min=0)`.
+
+    `ttl` is how long a value stays true: older than that, it is no value at all, online (a
+    cached value past its ttl is recomputed, whatever `max_staleness` allows) and offline (a
+    spine row at `ts` sees only values observed after `ts - ttl`).
+    """
     if expression is not None and not isinstance(expression, ex.Expr):
         raise DefinitionError(f"feature(expression={expression!r}) must be an `_` expression")
     return FeatureOptions(
@@ -64,6 +71,7 @@ def feature(
         max_staleness=None
         if max_staleness is None
         else parse_duration(max_staleness, field="max_staleness"),
+        ttl=_ttl(ttl),
         description=description,
         tags=tuple(tags),
         owner=owner,
@@ -73,11 +81,21 @@ def feature(
     )
 
 
+def _ttl(ttl: DurationLike | None) -> timedelta | None:
+    if ttl is None:
+        return None
+    parsed = parse_duration(ttl, field="ttl")
+    if parsed <= timedelta(0):
+        raise DefinitionError(f"ttl={ttl!r} must be positive (or left out: no limit)")
+    return parsed
+
+
 def windowed(
     *windows: DurationLike,
     expression: Any,
     default: Any = MISSING,
     max_staleness: DurationLike | None = None,
+    ttl: DurationLike | None = None,
     description: str | None = None,
     tags: Iterable[str] = (),
     owner: str | None = None,
@@ -96,6 +114,7 @@ def windowed(
     options = feature(
         default=default,
         max_staleness=max_staleness,
+        ttl=ttl,
         description=description,
         tags=tags,
         owner=owner,
@@ -286,6 +305,7 @@ class FeatureClassSpec:
     owner: str | None = None
     tags: tuple[str, ...] = ()
     events: bool = False  # rows are written to kairos as events (client.write_events)
+    ttl: timedelta | None = None  # default for the class's features
 
 
 def foreign_key_target(annotation: Any) -> tuple[str, str] | None:
@@ -313,6 +333,7 @@ def features(
     owner: str | None = None,
     tags: Iterable[str] = (),
     events: bool = False,
+    ttl: DurationLike | None = None,
 ) -> Callable[[C], C]: ...
 
 
@@ -326,8 +347,11 @@ def features(
     owner: str | None = None,
     tags: Iterable[str] = (),
     events: bool = False,
+    ttl: DurationLike | None = None,
 ) -> Any:
     """Declare a feature class; its namespace is the snake_case class name.
+
+    `max_staleness` and `ttl` set the default of every feature of the class (see `feature`).
 
     `events=True` declares rows that are written to kairos (`client.write_events`): a
     has-many of them needs no resolver, and windowed aggregates over it are answered from an
@@ -341,6 +365,8 @@ def features(
     'user.balance'
     """
 
+    class_ttl = _ttl(ttl)  # checked here: a bad value fails at the decorator's line
+
     def decorate(klass: C) -> C:
         return _decorate(
             klass,
@@ -349,6 +375,7 @@ def features(
             owner,
             tuple(tags),
             events,
+            class_ttl,
         )
 
     return decorate(cls) if cls is not None else decorate
@@ -361,9 +388,10 @@ def _decorate(
     owner: str | None,
     tags: tuple[str, ...],
     events: bool = False,
+    ttl: timedelta | None = None,
 ) -> C:
     annotations = inspect.get_annotations(cls)
-    spec = FeatureClassSpec(cls, namespace, {}, max_staleness, owner, tags, events)
+    spec = FeatureClassSpec(cls, namespace, {}, max_staleness, owner, tags, events, ttl)
     for name, annotation in annotations.items():
         if name.startswith("_"):
             continue

@@ -64,6 +64,7 @@ class FeatureInfo:
     owner: str | None = None
     min: Any = None
     max: Any = None
+    ttl: timedelta | None = None  # older values are no values, online and offline
 
     @property
     def fqn(self) -> str:
@@ -249,6 +250,7 @@ class _Builder:
             common: dict[str, Any] = {
                 "namespace": spec.namespace,
                 "max_staleness": staleness,
+                "ttl": options.ttl if options.ttl is not None else spec.ttl,
                 "default": options.default,
                 "description": options.description,
                 "tags": options.tags + spec.tags,

@@ -162,12 +162,14 @@ class _Run:
         column = self.cols.get(node.key)
         return column.values if column is not None else None
 
-    def is_fresh(self, stored: StoredValue | None, limit: timedelta) -> bool:
-        return (
-            stored is not None
-            and stored.observed_at <= self.now
-            and self.now - stored.observed_at <= limit
-        )
+    def is_fresh(self, stored: StoredValue | None, column: str) -> bool:
+        """Served from the cache: observed by `now`, within max_staleness, and younger than
+        the feature's ttl (the same rule as an offline read at `ts = now`)."""
+        if stored is None or stored.observed_at > self.now:
+            return False
+        age = self.now - stored.observed_at
+        ttl = self.plan.columns[column].info.ttl
+        return age <= self.max_staleness(column) and (ttl is None or age < ttl)
 
     def cacheable(self, node: PlanNode) -> list[str]:
         if not self.use_cache or node.key is None or node.kind in ("relation", "default"):
@@ -236,7 +238,7 @@ class _Run:
             self.timed(node, "cache", label, start, len(keys), "error")
             return
         for (column, row), stored in zip(wanted, found, strict=True):
-            if self.is_fresh(stored, self.max_staleness(column)):
+            if self.is_fresh(stored, column):
                 self.cached.setdefault(column, [None] * self.n)[row] = stored
         self.timed(node, "cache", label, start, len(keys), "ok")
 
