@@ -1,0 +1,67 @@
+"""Budget and rate counters: the one place where spending is checked and charged atomically.
+
+A hold adds the worst case of a call to every counter that applies, in one atomic step, or
+to none of them when any would pass its limit. Settling replaces a hold's amounts with what
+the call really used, once (settling twice, or after the lease ran out, changes nothing). A
+hold that is never settled stays charged in full: that is the lease rule, with nothing to
+sweep but the hold's own record.
+
+Backends (one URL picks one): `sqlite:///file` (one write transaction), `postgresql://`
+(conditional UPDATEs in a fixed order in one transaction), `redis://` (one Lua script).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """Add `amount` to `counter` unless that passes `limit`; the counter may be dropped after
+    `expires_at` (epoch seconds; None = never), e.g. a per-minute rate window."""
+
+    counter: str
+    limit: int
+    amount: int
+    expires_at: float | None = None
+
+
+class Counters(Protocol):
+    async def spent(self, counters: Sequence[str]) -> list[int]:
+        """What each counter holds now (0 for one never charged)."""
+        ...
+
+    async def hold(self, hold_id: str, lines: Sequence[Line], lease_until: float) -> int | None:
+        """Charge every line or none; None when held, else the index of a line that refused."""
+        ...
+
+    async def settle(self, hold_id: str, actual: Mapping[str, int]) -> bool:
+        """Replace the hold's amounts by `actual` (per counter); False if already settled or
+        its lease ran out (then the full hold stays charged)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def counters_from_url(url: str) -> Counters:
+    """The counters backend a URL names; no I/O until first use."""
+    if url.startswith("sqlite:///"):
+        from kairos.gateway.counters_sqlite import SQLiteCounters
+
+        return SQLiteCounters(url.removeprefix("sqlite:///"))
+    if url.startswith(("postgresql://", "postgres://")):
+        from kairos.gateway.counters_postgres import PostgresCounters
+
+        return PostgresCounters(url)
+    if url.startswith(("redis://", "rediss://")):
+        from kairos.gateway.counters_redis import RedisCounters
+
+        return RedisCounters(url)
+    from kairos.gateway.errors import GatewayConfigError
+
+    raise GatewayConfigError(
+        f"gateway counters URL must start with sqlite:///, postgresql:// or redis://, "
+        f"got scheme {url.partition(':')[0]!r}"
+    )

@@ -1,0 +1,120 @@
+"""Counters in Redis, shared by every gateway process: a hold and a settle are each one Lua
+script, which Redis runs without interleaving anything else. Rate windows carry a TTL; a hold
+is a hash that expires with its lease (its charge stays)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis.asyncio as redis
+from redis.exceptions import NoScriptError, RedisError
+
+from kairos.gateway.counters import Line
+from kairos.gateway.errors import AccountingUnavailable
+
+# KEYS: counters..., then the hold. ARGV: n, then limit, amount, ttl_ms per counter, lease_ms.
+_HOLD = b"""
+local n = tonumber(ARGV[1])
+for i = 1, n do
+  local spent = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if spent + tonumber(ARGV[3 * i]) > tonumber(ARGV[3 * i - 1]) then
+    return i - 1
+  end
+end
+local hold = KEYS[n + 1]
+for i = 1, n do
+  redis.call('INCRBY', KEYS[i], ARGV[3 * i])
+  local ttl = tonumber(ARGV[3 * i + 1])
+  if ttl > 0 and redis.call('PTTL', KEYS[i]) < 0 then
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  end
+  redis.call('HSET', hold, KEYS[i], ARGV[3 * i])
+end
+redis.call('HSET', hold, '', '1')
+redis.call('PEXPIRE', hold, ARGV[3 * n + 2])
+return -1
+"""
+# KEYS: the hold, then counters... ARGV: the actual amount per counter, in KEYS' order.
+_SETTLE = b"""
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+for i = 2, #KEYS do
+  local held = tonumber(redis.call('HGET', KEYS[1], KEYS[i]) or ARGV[i - 1])
+  local delta = tonumber(ARGV[i - 1]) - held
+  if delta ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then
+    redis.call('INCRBY', KEYS[i], delta)
+  end
+end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+_SHAS = {script: hashlib.sha1(script).hexdigest() for script in (_HOLD, _SETTLE)}
+
+
+class RedisCounters:
+    """`redis://host:port/db?prefix=name` (prefix `kairos-gw`); one Redis, not a cluster."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        prefixes = [value for name, value in query if name == "prefix"]
+        self.prefix = prefixes[-1] if prefixes else "kairos-gw"
+        rest = urlencode([(name, value) for name, value in query if name != "prefix"])
+        self._url = urlunsplit(parts._replace(query=rest))
+        self._client: redis.Redis | None = None
+
+    def _redis(self) -> redis.Redis:
+        if self._client is None:
+            self._client = redis.Redis.from_url(self._url, socket_timeout=5)
+        return self._client
+
+    def _key(self, counter: str) -> str:
+        return f"{self.prefix}:c:{counter}"
+
+    async def _script(self, script: bytes, keys: list[str], args: list[Any]) -> Any:
+        client = self._redis()
+        try:
+            try:
+                return await client.evalsha(_SHAS[script], len(keys), *keys, *args)
+            except NoScriptError:
+                return await client.eval(script.decode(), len(keys), *keys, *args)
+        except RedisError as error:
+            raise AccountingUnavailable(
+                f"the gateway's budget store (Redis) failed ({type(error).__name__}); "
+                "nothing was charged"
+            ) from None
+
+    async def spent(self, counters: Sequence[str]) -> list[int]:
+        try:
+            values = await self._redis().mget([self._key(c) for c in counters])
+        except RedisError as error:
+            raise AccountingUnavailable(
+                f"the gateway's budget store (Redis) failed ({type(error).__name__})"
+            ) from None
+        return [int(v) if v is not None else 0 for v in values]
+
+    async def hold(self, hold_id: str, lines: Sequence[Line], lease_until: float) -> int | None:
+        now = time.time()
+        args: list[Any] = [len(lines)]
+        for line in lines:
+            ttl = 0 if line.expires_at is None else max(1, int((line.expires_at - now) * 1000))
+            args += [line.limit, line.amount, ttl]
+        args.append(max(1, int((lease_until - now) * 1000)))
+        keys = [self._key(line.counter) for line in lines] + [f"{self.prefix}:h:{hold_id}"]
+        refused = int(await self._script(_HOLD, keys, args))
+        return None if refused < 0 else refused
+
+    async def settle(self, hold_id: str, actual: Mapping[str, int]) -> bool:
+        counters = list(actual)
+        keys = [f"{self.prefix}:h:{hold_id}"] + [self._key(c) for c in counters]
+        return bool(await self._script(_SETTLE, keys, [actual[c] for c in counters]))
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None

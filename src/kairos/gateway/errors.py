@@ -1,0 +1,115 @@
+"""Errors of the model gateway. Each carries the HTTP status and OpenAI error type it is
+answered with, and `param` names the request field at fault when there is one."""
+
+from __future__ import annotations
+
+from kairos.errors import KairosError
+
+
+class GatewayError(KairosError):
+    """Base of the gateway's errors; `status` and `kind` shape the HTTP answer."""
+
+    status = 400
+    kind = "invalid_request_error"
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(GatewayError, ValueError):
+    """The request body is malformed; `param` names the field and the message the fix."""
+
+    status = 400
+    code = "invalid_request"
+
+
+class Unauthenticated(GatewayError, PermissionError):
+    """No key, an unknown, revoked or expired key. The message never repeats the key."""
+
+    status = 401
+    kind = "authentication_error"
+    code = "invalid_api_key"
+
+
+class ModelNotAllowed(GatewayError, PermissionError):
+    """The key's allow-list does not include any deployment the model could dispatch to."""
+
+    status = 403
+    kind = "permission_error"
+    code = "model_not_allowed"
+
+
+class UnknownModel(GatewayError, LookupError):
+    """No model group or alias by that name."""
+
+    status = 404
+    kind = "invalid_request_error"
+    code = "model_not_found"
+
+
+class BudgetExceeded(GatewayError, PermissionError):
+    """What remains of a budget cannot cover even the smallest answer."""
+
+    status = 429
+    kind = "insufficient_quota"
+    code = "budget_exceeded"
+
+
+class RateLimited(GatewayError, PermissionError):
+    """The key's requests or tokens per minute are used up until the next minute."""
+
+    status = 429
+    kind = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class PriceUnknown(GatewayError, LookupError):
+    """A key with a USD budget asked for a model without a price; it cannot be budgeted."""
+
+    status = 400
+    code = "price_unknown"
+
+
+class UnsupportedRoute(GatewayError, ValueError):
+    """The provider of every candidate deployment cannot serve this kind of call."""
+
+    status = 400
+    code = "unsupported_route"
+
+
+class UpstreamError(GatewayError, ConnectionError):
+    """A provider failed; `retryable` says whether another deployment may be tried."""
+
+    status = 502
+    kind = "api_error"
+    code = "upstream_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 502,
+        retryable: bool = True,
+        reached: bool = True,
+        accepted: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+        self.reached = reached  # the request got to the provider
+        self.accepted = accepted  # the provider answered 200: it may bill the call
+
+
+class AccountingUnavailable(GatewayError, RuntimeError):
+    """The budget store cannot be reached: the gateway fails closed."""
+
+    status = 503
+    kind = "api_error"
+    code = "accounting_unavailable"
+
+
+class GatewayConfigError(KairosError, ValueError):
+    """The gateway section of the configuration is wrong; the message names the setting."""

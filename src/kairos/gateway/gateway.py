@@ -1,0 +1,479 @@
+"""The gateway in process: keys, routing, the accounting step and the ledger behind calls in
+the OpenAI wire format. The HTTP app is a thin layer over this; code in the same process (the
+feature graph's LLM resolvers) calls it directly with no HTTP hop:
+
+>>> gateway = Gateway(GatewayConfig.load("."))  # doctest: +SKIP
+>>> plain, key = await gateway.create_key(name="features", models=["chat"])  # doctest: +SKIP
+>>> reply = await gateway.chat(key, {"model": "chat", "messages": [...]})  # doctest: +SKIP
+
+Every call, on every route, goes through `_dispatch`: the only code that talks to a provider,
+and it holds before and settles after each attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kairos.gateway import requests
+from kairos.gateway.accounting import Accountant, Hold, Settlement, input_bound
+from kairos.gateway.config import Deployment, GatewayConfig
+from kairos.gateway.counters import Counters, counters_from_url
+from kairos.gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    ModelNotAllowed,
+    PriceUnknown,
+    Unauthenticated,
+    UnsupportedRoute,
+    UpstreamError,
+)
+from kairos.gateway.keys import KeyRecord, key_id, key_spec, new_key
+from kairos.gateway.ledger import LedgerRow, LedgerWriter
+from kairos.gateway.prices import Price
+from kairos.gateway.providers import Provider, Usage, openai_usage, provider_for
+from kairos.gateway.registry import Registry, registry_from_url
+from kairos.gateway.router import Router
+
+_FREE = Price(0, 0)  # an unpriced model, for keys without a USD budget
+_TOKEN_FIELD = {"chat": "max_tokens", "completion": "max_tokens"}
+
+
+class Stream:
+    """A streamed call's chunks (OpenAI chunk objects) as the client reads them.
+
+    A task of its own reads the upstream, so a client that goes away does not stop it: the
+    rest is read (at most `drain` seconds more) until the usage arrives, then the call is
+    settled and logged. After the first chunk a failure arrives as a final `{"error": ...}`.
+    """
+
+    def __init__(
+        self,
+        first: dict[str, Any],
+        upstream: AsyncIterator[dict[str, Any]],
+        *,
+        include_usage: bool,
+        drain: float,
+        on_end: Callable[[Usage | None, str], Awaitable[None]],
+        request_id: str,
+    ) -> None:
+        self.request_id = request_id
+        self.include_usage = include_usage
+        self._drain = drain
+        self._queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._client_gone = False
+        self.delivered = False  # the client read every chunk
+        self._deadline: asyncio.Timeout | None = None
+        self.task = asyncio.get_running_loop().create_task(self._pump(first, upstream, on_end))
+
+    async def _pump(
+        self,
+        first: dict[str, Any],
+        upstream: AsyncIterator[dict[str, Any]],
+        on_end: Callable[[Usage | None, str], Awaitable[None]],
+    ) -> None:
+        usage = openai_usage(first)
+        status = "ok"
+        self._queue.put_nowait(first)
+        try:
+            async with asyncio.timeout(None) as deadline:
+                self._deadline = deadline
+                if self._client_gone:
+                    deadline.reschedule(asyncio.get_running_loop().time() + self._drain)
+                async for chunk in upstream:
+                    usage = openai_usage(chunk) or usage
+                    if not self._client_gone:
+                        self._queue.put_nowait(chunk)
+        except UpstreamError as error:
+            status = "upstream_error"
+            self._queue.put_nowait(
+                {"error": {"message": error.message, "type": error.kind, "code": error.code}}
+            )
+        except TimeoutError:
+            status = "drain_timeout"
+        except Exception as error:  # never leave the client or the hold hanging
+            status = "internal_error"
+            self._queue.put_nowait(
+                {"error": {"message": f"internal error ({type(error).__name__})",
+                           "type": "api_error", "code": "internal_error"}}
+            )  # fmt: skip
+        finally:
+            with contextlib.suppress(Exception):
+                await upstream.aclose()  # type: ignore[attr-defined]
+            self._queue.put_nowait(None)
+            if self._client_gone and status == "ok":
+                status = "client_disconnected"
+            await on_end(usage, status)
+
+    def client_left(self) -> None:
+        """The client is gone: read on only until the usage arrives or `drain` runs out."""
+        self._client_gone = True
+        if self._deadline is not None:
+            self._deadline.reschedule(asyncio.get_running_loop().time() + self._drain)
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        finished = False
+        try:
+            while (chunk := await self._queue.get()) is not None:
+                if not self.include_usage:
+                    if not chunk.get("choices") and "usage" in chunk and "error" not in chunk:
+                        continue
+                    chunk.pop("usage", None)
+                yield chunk
+            finished = self.delivered = True
+        finally:
+            if not finished:
+                self.client_left()
+
+    async def wait(self) -> None:
+        """Until the upstream is read, the call settled and logged."""
+        await asyncio.shield(self.task)
+
+
+class Gateway:
+    """Keys, budgets, routing, failover and the ledger in front of the configured providers."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        registry: Registry | None = None,
+        counters: Counters | None = None,
+        providers: dict[str, Provider] | None = None,
+    ) -> None:
+        self.config = config
+        self.registry = registry or registry_from_url(config.registry)
+        self.counters = counters or counters_from_url(config.counters)
+        self.providers = providers or {n: provider_for(p) for n, p in config.providers.items()}
+        self.router = Router(config)
+        self.accountant = Accountant(self.counters, lease=config.lease)
+        self.ledger = LedgerWriter(self.registry)
+        self._keys: dict[str, tuple[float, KeyRecord | None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # --- keys ----------------------------------------------------------------------------
+
+    async def create_key(self, **spec: Any) -> tuple[str, KeyRecord]:
+        """Create a key from admin fields (name, models, rpm, tpm, budgets, expires_at);
+        returns (the full key, shown once; its record)."""
+        if not self.config.pepper:
+            raise InvalidRequest("the gateway has no pepper: set gateway.pepper_env", param=None)
+        plain, record = new_key(self.config.pepper, **key_spec(spec))
+        await self.registry.put_key(record)
+        return plain, record
+
+    async def list_keys(self) -> list[KeyRecord]:
+        return await self.registry.list_keys()
+
+    async def revoke_key(self, ident: str) -> bool:
+        done = await self.registry.revoke_key(ident, datetime.now(UTC))
+        self._keys.pop(ident, None)
+        return done
+
+    async def authenticate(self, presented: str | None) -> KeyRecord:
+        """The active key record for a presented key. Errors never repeat the key."""
+        if not presented:
+            raise Unauthenticated(
+                "send your gateway key as `Authorization: Bearer <key>` (or `x-api-key`)"
+            )
+        ident = key_id(presented)
+        record = await self._record(ident) if ident else None
+        # the digest is computed even for an unknown id, so timing says nothing about ids
+        matches = (record or _NOBODY).matches(self.config.pepper, presented)
+        if record is None or not matches:
+            raise Unauthenticated("the key is not valid; check it or ask for a new one")
+        if not record.active(datetime.now(UTC)):
+            raise Unauthenticated(f"key {record.id!r} is revoked or expired; ask for a new one")
+        return record
+
+    async def _record(self, ident: str) -> KeyRecord | None:
+        now = time.monotonic()
+        cached = self._keys.get(ident)
+        if cached is not None and now - cached[0] < self.config.key_cache:
+            return cached[1]
+        record = await self.registry.get_key(ident)
+        self._keys[ident] = (now, record)
+        return record
+
+    def models(self, key: KeyRecord) -> list[str]:
+        """Model groups and aliases the key may call."""
+        names = [name for name in self.config.models if key.allows(name)]
+        names += [alias for alias, group in self.config.aliases.items() if key.allows(group)]
+        return names
+
+    async def usage(
+        self, key: str | None = None, since: datetime | None = None, until: datetime | None = None
+    ) -> list[LedgerRow]:
+        await self.ledger.flush()
+        return await self.registry.read_rows(key, since, until)
+
+    # --- calls ---------------------------------------------------------------------------
+
+    async def chat(self, key: KeyRecord | str, body: dict[str, Any]) -> dict[str, Any] | Stream:
+        """A chat completion (OpenAI shape); a Stream when `body["stream"]` is true."""
+        model, stream, wanted, parts = requests.check_chat(body, self.config.default_max_tokens)
+        bound = input_bound(requests.input_bytes(body, "messages"), parts)
+        return await self._dispatch(key, "chat", "chat", body, model, stream, wanted, bound)
+
+    async def completion(
+        self, key: KeyRecord | str, body: dict[str, Any]
+    ) -> dict[str, Any] | Stream:
+        model, stream, wanted, parts = requests.check_completion(body)
+        bound = input_bound(requests.input_bytes(body, "prompt"), parts)
+        return await self._dispatch(
+            key, "completion", "completion", body, model, stream, wanted, bound
+        )
+
+    async def embedding(self, key: KeyRecord | str, body: dict[str, Any]) -> dict[str, Any]:
+        model, parts = requests.check_embedding(body)
+        bound = input_bound(requests.input_bytes(body, "input"), parts)
+        reply = await self._dispatch(key, "embedding", "embedding", body, model, False, 0, bound)
+        assert isinstance(reply, dict)
+        return reply
+
+    async def messages_chat(
+        self, key: KeyRecord | str, chat_body: dict[str, Any]
+    ) -> dict[str, Any] | Stream:
+        """A /v1/messages call, already translated to a chat body; logged as route messages."""
+        model, stream, wanted, parts = requests.check_chat(
+            chat_body, self.config.default_max_tokens
+        )
+        if stream:
+            chat_body = {**chat_body, "stream_options": {"include_usage": True}}
+        bound = input_bound(requests.input_bytes(chat_body, "messages"), parts)
+        return await self._dispatch(
+            key, "chat", "messages", chat_body, model, stream, wanted, bound
+        )
+
+    async def _dispatch(
+        self,
+        key: KeyRecord | str,
+        kind: str,
+        route: str,
+        body: dict[str, Any],
+        model: str,
+        stream: bool,
+        wanted: int,
+        bound: int,
+    ) -> dict[str, Any] | Stream:
+        record = key if isinstance(key, KeyRecord) else await self.authenticate(key)
+        call = _Call(self, record, kind, route, model, body, stream, wanted, bound)
+        try:
+            return await call.run()
+        except GatewayError as error:
+            call.log(None, None, error.code)
+            raise
+
+    def _spawn(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Wait for calls still settling, write the ledger, close stores and providers."""
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.ledger.close()
+        for provider in self.providers.values():
+            await provider.close()
+        await self.counters.close()
+        await self.registry.close()
+
+
+_NOBODY = KeyRecord(id="", name="", secret_hash="0" * 64, created_at=datetime.now(UTC))
+
+
+class _Call:
+    """One request through the gateway: attempts in route order, each held and settled."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        key: KeyRecord,
+        kind: str,
+        route: str,
+        model: str,
+        body: dict[str, Any],
+        stream: bool,
+        wanted: int,
+        bound: int,
+    ) -> None:
+        self.gateway = gateway
+        self.key = key
+        self.kind = kind
+        self.route = route
+        self.model = model
+        self.body = body
+        self.stream = stream
+        self.wanted = wanted
+        self.bound = bound
+        self.request_id = uuid.uuid4().hex
+        self.started = time.perf_counter()
+        self.created_at = datetime.now(UTC)
+        self.attempts = 0
+        self.cost = self.tokens_in = self.tokens_out = 0
+        self.deployment: Deployment | None = None
+        self.ttft: float | None = None
+
+    async def run(self) -> dict[str, Any] | Stream:
+        gateway, key = self.gateway, self.key
+        router = gateway.router
+        group = router.group_of(self.model)
+        if not router.reachable(group, key.allows):
+            raise ModelNotAllowed(
+                f"key {key.id!r} may not use model {self.model!r} (nor any of its fallbacks); "
+                "GET /v1/models lists the models it may use",
+                param="model",
+            )
+        candidates = router.candidates(group, key.allows)
+        last: GatewayError = UpstreamError(
+            f"every deployment of model {self.model!r} is failing (circuits open); retry shortly",
+            status=503,
+        )
+        tried = 0
+        for deployment in candidates:
+            if tried > gateway.config.retries:
+                break
+            provider = gateway.providers[deployment.provider]
+            if self.kind not in provider.kinds:
+                last = UnsupportedRoute(
+                    f"model {self.model!r} has no deployment that serves {self.kind} calls",
+                    param="model",
+                )
+                continue
+            price = deployment.price or gateway.config.prices.get(deployment.model)
+            if price is None:
+                if any(b.usd_micros is not None for b in key.budgets):
+                    last = PriceUnknown(
+                        f"no price for {deployment.model!r}, and key {key.id!r} has a USD "
+                        "budget; add the model under gateway.prices",
+                        param="model",
+                    )
+                    continue
+                price = _FREE
+            if not router.acquire(deployment):
+                continue
+            tried += 1
+            try:
+                hold = await gateway.accountant.hold(key, price, self.bound, self.wanted)
+            except BaseException:
+                router.finished(deployment, "neutral", 0.0)
+                raise
+            try:
+                return await self._attempt(deployment, provider, hold)
+            except UpstreamError as error:
+                if not error.retryable:
+                    raise
+                last = error
+        raise last
+
+    def _upstream_body(self, deployment: Deployment, hold: Hold) -> dict[str, Any]:
+        body = {**self.body, "model": deployment.model}
+        if self.kind in _TOKEN_FIELD:
+            body.pop("max_tokens", None)
+            field = (
+                "max_completion_tokens" if "max_completion_tokens" in self.body else "max_tokens"
+            )
+            body[field] = hold.max_tokens  # always explicit, clamped to what the budget covers
+        body.pop("stream_options", None)
+        return body
+
+    async def _attempt(
+        self, deployment: Deployment, provider: Provider, hold: Hold
+    ) -> dict[str, Any] | Stream:
+        self.attempts += 1
+        self.deployment = deployment
+        body = self._upstream_body(deployment, hold)
+        sent = time.perf_counter()
+        if not self.stream:
+            settled = False
+            try:
+                reply = await provider.send(self.kind, body, deployment.timeout)
+            except UpstreamError as error:
+                settled = True
+                await self._settle(hold, None, accepted=error.accepted)
+                self.gateway.router.finished(
+                    deployment, "failed" if error.retryable else "neutral", 0.0
+                )
+                raise
+            finally:
+                if not settled and "reply" not in locals():  # cancelled: it may have been served
+                    self.gateway._spawn(self._settle(hold, None, accepted=True))
+                    self.gateway.router.finished(deployment, "neutral", 0.0)
+            elapsed = time.perf_counter() - sent
+            self.ttft = elapsed
+            await self._settle(hold, openai_usage(reply), accepted=True)
+            self.gateway.router.finished(deployment, "ok", elapsed)
+            self.log(deployment, provider, "ok")
+            return reply
+        upstream = provider.stream(self.kind, body, deployment.timeout).__aiter__()
+        try:
+            first = await asyncio.wait_for(upstream.__anext__(), deployment.timeout)
+        except (UpstreamError, TimeoutError, StopAsyncIteration) as error:
+            with contextlib.suppress(Exception):
+                await upstream.aclose()  # type: ignore[attr-defined]
+            accepted = isinstance(error, UpstreamError) and error.accepted
+            await self._settle(hold, None, accepted=accepted)
+            self.gateway.router.finished(deployment, "failed", 0.0)
+            if isinstance(error, UpstreamError):
+                raise
+            raise UpstreamError(
+                f"provider {provider.name!r} sent nothing within {deployment.timeout:g}s",
+                status=504,
+                accepted=accepted,
+            ) from None
+        self.ttft = time.perf_counter() - sent
+
+        async def on_end(usage: Usage | None, status: str) -> None:
+            await self._settle(hold, usage, accepted=True)
+            outcome = "failed" if status == "upstream_error" else "ok"
+            self.gateway.router.finished(deployment, outcome, time.perf_counter() - sent)
+            self.log(deployment, provider, status)
+
+        options = self.body.get("stream_options") or {}
+        result = Stream(
+            first,
+            upstream,
+            include_usage=bool(options.get("include_usage")),
+            drain=self.gateway.config.stream_drain,
+            on_end=on_end,
+            request_id=self.request_id,
+        )
+        self.gateway._tasks.add(result.task)
+        result.task.add_done_callback(self.gateway._tasks.discard)
+        return result
+
+    async def _settle(self, hold: Hold, usage: Usage | None, *, accepted: bool) -> Settlement:
+        settlement = await self.gateway.accountant.settle(hold, usage, accepted=accepted)
+        self.cost += settlement.cost_micros
+        self.tokens_in += settlement.tokens_in
+        self.tokens_out += settlement.tokens_out
+        return settlement
+
+    def log(self, deployment: Deployment | None, provider: Provider | None, status: str) -> None:
+        deployment = deployment or self.deployment
+        self.gateway.ledger.add(
+            LedgerRow(
+                request_id=self.request_id,
+                key_id=self.key.id,
+                route=self.route,
+                model_requested=self.model,
+                model_dispatched=deployment.group if deployment else None,
+                provider=deployment.provider if deployment else None,
+                deployment=deployment.model if deployment else None,
+                tokens_in=self.tokens_in,
+                tokens_out=self.tokens_out,
+                cost_micros=self.cost,
+                price_version=self.gateway.config.prices.version,
+                ttft_ms=self.ttft * 1000 if self.ttft is not None else None,
+                latency_ms=(time.perf_counter() - self.started) * 1000,
+                status=status,
+                attempts=self.attempts,
+                created_at=self.created_at,
+            )
+        )

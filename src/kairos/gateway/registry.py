@@ -1,0 +1,113 @@
+"""Where keys and the ledger live: SQLite by default, PostgreSQL in production."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Protocol
+
+import orjson
+
+from kairos.gateway.errors import GatewayConfigError
+from kairos.gateway.keys import Budget, KeyRecord
+from kairos.gateway.ledger import LedgerRow
+
+
+class Registry(Protocol):
+    async def put_key(self, record: KeyRecord) -> None: ...
+
+    async def get_key(self, key_id: str) -> KeyRecord | None: ...
+
+    async def list_keys(self) -> list[KeyRecord]: ...
+
+    async def revoke_key(self, key_id: str, at: datetime) -> bool: ...
+
+    async def write_rows(self, rows: Sequence[LedgerRow]) -> None: ...
+
+    async def read_rows(
+        self, key_id: str | None, since: datetime | None, until: datetime | None
+    ) -> list[LedgerRow]: ...
+
+    async def close(self) -> None: ...
+
+
+def registry_from_url(url: str) -> Registry:
+    """The registry a URL names; no I/O until first use."""
+    if url.startswith("sqlite:///"):
+        from kairos.gateway.registry_sqlite import SQLiteRegistry
+
+        return SQLiteRegistry(url.removeprefix("sqlite:///"))
+    if url.startswith(("postgresql://", "postgres://")):
+        from kairos.gateway.registry_postgres import PostgresRegistry
+
+        return PostgresRegistry(url)
+    raise GatewayConfigError(
+        f"gateway registry URL must start with sqlite:/// or postgresql://, "
+        f"got scheme {url.partition(':')[0]!r}"
+    )
+
+
+KEY_COLUMNS = "id, name, secret_hash, created_at, models, rpm, tpm, budgets, expires_at, revoked_at"
+LEDGER_COLUMNS = (
+    "request_id, key_id, route, model_requested, model_dispatched, provider, deployment, "
+    "tokens_in, tokens_out, cost_micros, price_version, ttft_ms, latency_ms, status, attempts, "
+    "created_at"
+)
+
+
+def key_to_row(record: KeyRecord) -> tuple[object, ...]:
+    """Times as epoch microseconds, lists as JSON text: the same row in SQLite and Postgres."""
+    return (
+        record.id,
+        record.name,
+        record.secret_hash,
+        to_micros(record.created_at),
+        orjson.dumps(list(record.models)).decode(),
+        record.rpm,
+        record.tpm,
+        orjson.dumps([b.as_dict() for b in record.budgets]).decode(),
+        to_micros(record.expires_at) if record.expires_at else None,
+        to_micros(record.revoked_at) if record.revoked_at else None,
+    )
+
+
+def key_from_row(row: Sequence[object]) -> KeyRecord:
+    ident, name, secret_hash, created, models, rpm, tpm, budgets, expires, revoked = row
+    return KeyRecord(
+        id=str(ident),
+        name=str(name),
+        secret_hash=str(secret_hash),
+        created_at=from_micros(int(created)),  # type: ignore[call-overload]
+        models=tuple(orjson.loads(str(models))),
+        rpm=rpm,  # type: ignore[arg-type]
+        tpm=tpm,  # type: ignore[arg-type]
+        budgets=tuple(
+            Budget(b["period"], b["usd_micros"], b["tokens"]) for b in orjson.loads(str(budgets))
+        ),
+        expires_at=from_micros(int(expires)) if expires is not None else None,  # type: ignore[call-overload]
+        revoked_at=from_micros(int(revoked)) if revoked is not None else None,  # type: ignore[call-overload]
+    )
+
+
+def ledger_to_row(row: LedgerRow) -> tuple[object, ...]:
+    values = list(astuple_row(row))
+    values[-1] = to_micros(row.created_at)
+    return tuple(values)
+
+
+def astuple_row(row: LedgerRow) -> tuple[object, ...]:
+    return tuple(getattr(row, name.strip()) for name in LEDGER_COLUMNS.split(","))
+
+
+def ledger_from_row(values: Sequence[object]) -> LedgerRow:
+    fields = list(values)
+    fields[-1] = from_micros(int(fields[-1]))  # type: ignore[call-overload]
+    return LedgerRow(*fields)  # type: ignore[arg-type]
+
+
+def to_micros(moment: datetime) -> int:
+    return int(moment.timestamp() * 1_000_000)
+
+
+def from_micros(micros: int) -> datetime:
+    return datetime.fromtimestamp(micros / 1_000_000, UTC)

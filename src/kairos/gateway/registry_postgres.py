@@ -1,0 +1,108 @@
+"""Keys and the ledger in PostgreSQL (`?prefix=` names the tables; default `gateway`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from kairos.gateway.errors import AccountingUnavailable
+from kairos.gateway.keys import KeyRecord
+from kairos.gateway.ledger import LedgerRow
+from kairos.gateway.pg import PostgresPool, split_prefix
+from kairos.gateway.registry import (
+    KEY_COLUMNS,
+    LEDGER_COLUMNS,
+    key_from_row,
+    key_to_row,
+    ledger_from_row,
+    ledger_to_row,
+    to_micros,
+)
+
+
+class PostgresRegistry:
+    def __init__(self, url: str) -> None:
+        conninfo, prefix = split_prefix(url)
+        self.keys_table = f"{prefix}_keys"
+        self.ledger_table = f"{prefix}_ledger"
+        schema = f"""
+        create table if not exists {self.keys_table} (
+            id text primary key, name text not null, secret_hash text not null,
+            created_at bigint not null, models text not null, rpm integer, tpm integer,
+            budgets text not null, expires_at bigint, revoked_at bigint);
+        create table if not exists {self.ledger_table} (
+            request_id text primary key, key_id text not null, route text not null,
+            model_requested text not null, model_dispatched text, provider text,
+            deployment text, tokens_in bigint not null, tokens_out bigint not null,
+            cost_micros bigint not null, price_version text not null, ttft_ms double precision,
+            latency_ms double precision not null, status text not null, attempts integer not null,
+            created_at bigint not null);
+        create index if not exists {self.ledger_table}_key_time
+            on {self.ledger_table} (key_id, created_at);
+        """
+        self._db = PostgresPool(conninfo, schema)
+
+    async def _run(self, sql: str, params: Sequence[Any] = (), *, many: bool = False) -> Any:
+        pool = await self._db.pool()
+        try:
+            async with pool.connection() as connection:
+                if many:
+                    async with connection.cursor() as cursor:
+                        await cursor.executemany(sql, params)
+                        return None
+                cursor = await connection.execute(sql, list(params))
+                return await cursor.fetchall() if cursor.description else cursor.rowcount
+        except psycopg.Error as error:
+            raise AccountingUnavailable(
+                f"the gateway registry (postgres) failed ({type(error).__name__})"
+            ) from None
+
+    async def put_key(self, record: KeyRecord) -> None:
+        marks = ", ".join(["%s"] * 10)
+        await self._run(
+            f"insert into {self.keys_table} ({KEY_COLUMNS}) values ({marks})", key_to_row(record)
+        )
+
+    async def get_key(self, key_id: str) -> KeyRecord | None:
+        rows = await self._run(
+            f"select {KEY_COLUMNS} from {self.keys_table} where id = %s", [key_id]
+        )
+        return key_from_row(rows[0]) if rows else None
+
+    async def list_keys(self) -> list[KeyRecord]:
+        rows = await self._run(f"select {KEY_COLUMNS} from {self.keys_table} order by created_at")
+        return [key_from_row(row) for row in rows]
+
+    async def revoke_key(self, key_id: str, at: datetime) -> bool:
+        count = await self._run(
+            f"update {self.keys_table} set revoked_at = %s where id = %s and revoked_at is null",
+            [to_micros(at), key_id],
+        )
+        return bool(count == 1)
+
+    async def write_rows(self, rows: Sequence[LedgerRow]) -> None:
+        marks = ", ".join(["%s"] * len(LEDGER_COLUMNS.split(",")))
+        await self._run(
+            f"insert into {self.ledger_table} ({LEDGER_COLUMNS}) values ({marks}) "
+            "on conflict (request_id) do nothing",
+            [ledger_to_row(row) for row in rows],
+            many=True,
+        )
+
+    async def read_rows(
+        self, key_id: str | None, since: datetime | None, until: datetime | None
+    ) -> list[LedgerRow]:
+        rows = await self._run(
+            f"select {LEDGER_COLUMNS} from {self.ledger_table} "
+            "where (%s::text is null or key_id = %s) and created_at >= %s and created_at < %s "
+            "order by created_at",
+            [key_id, key_id, to_micros(since) if since else 0,
+             to_micros(until) if until else 1 << 62],
+        )  # fmt: skip
+        return [ledger_from_row(row) for row in rows]
+
+    async def close(self) -> None:
+        await self._db.close()

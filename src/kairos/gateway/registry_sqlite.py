@@ -1,0 +1,112 @@
+"""Keys and the ledger in a SQLite file (the embedded default)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+
+from kairos.gateway.keys import KeyRecord
+from kairos.gateway.ledger import LedgerRow
+from kairos.gateway.registry import (
+    KEY_COLUMNS,
+    LEDGER_COLUMNS,
+    key_from_row,
+    key_to_row,
+    ledger_from_row,
+    ledger_to_row,
+    to_micros,
+)
+from kairos.gateway.sqlite_thread import SQLiteThread
+
+_SCHEMA = """
+create table if not exists gateway_keys (
+    id text primary key, name text not null, secret_hash text not null,
+    created_at integer not null, models text not null, rpm integer, tpm integer,
+    budgets text not null, expires_at integer, revoked_at integer
+);
+create table if not exists gateway_ledger (
+    request_id text primary key, key_id text not null, route text not null,
+    model_requested text not null, model_dispatched text, provider text, deployment text,
+    tokens_in integer not null, tokens_out integer not null, cost_micros integer not null,
+    price_version text not null, ttft_ms real, latency_ms real not null, status text not null,
+    attempts integer not null, created_at integer not null
+);
+create index if not exists gateway_ledger_key_time on gateway_ledger (key_id, created_at);
+"""
+
+
+class SQLiteRegistry:
+    def __init__(self, path: str) -> None:
+        self._db = SQLiteThread(path, _SCHEMA)
+
+    async def put_key(self, record: KeyRecord) -> None:
+        def put(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                f"insert into gateway_keys ({KEY_COLUMNS}) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                key_to_row(record),
+            )
+
+        await self._db.run(put)
+
+    async def get_key(self, key_id: str) -> KeyRecord | None:
+        def get(connection: sqlite3.Connection) -> KeyRecord | None:
+            row = connection.execute(
+                f"select {KEY_COLUMNS} from gateway_keys where id = ?", (key_id,)
+            ).fetchone()
+            return key_from_row(row) if row else None
+
+        return await self._db.run(get)
+
+    async def list_keys(self) -> list[KeyRecord]:
+        def read(connection: sqlite3.Connection) -> list[KeyRecord]:
+            rows = connection.execute(
+                f"select {KEY_COLUMNS} from gateway_keys order by created_at"
+            ).fetchall()
+            return [key_from_row(row) for row in rows]
+
+        return await self._db.run(read)
+
+    async def revoke_key(self, key_id: str, at: datetime) -> bool:
+        def revoke(connection: sqlite3.Connection) -> bool:
+            cursor = connection.execute(
+                "update gateway_keys set revoked_at = ? where id = ? and revoked_at is null",
+                (to_micros(at), key_id),
+            )
+            return cursor.rowcount == 1
+
+        return await self._db.run(revoke)
+
+    async def write_rows(self, rows: Sequence[LedgerRow]) -> None:
+        def write(connection: sqlite3.Connection) -> None:
+            marks = ", ".join("?" * len(LEDGER_COLUMNS.split(",")))
+            connection.execute("begin")
+            connection.executemany(
+                f"insert or ignore into gateway_ledger ({LEDGER_COLUMNS}) values ({marks})",
+                [ledger_to_row(row) for row in rows],
+            )
+            connection.execute("commit")
+
+        await self._db.run(write)
+
+    async def read_rows(
+        self, key_id: str | None, since: datetime | None, until: datetime | None
+    ) -> list[LedgerRow]:
+        def read(connection: sqlite3.Connection) -> list[LedgerRow]:
+            rows = connection.execute(
+                f"select {LEDGER_COLUMNS} from gateway_ledger "
+                "where (? is null or key_id = ?) and created_at >= ? and created_at < ? "
+                "order by created_at",
+                (
+                    key_id,
+                    key_id,
+                    to_micros(since) if since else 0,
+                    to_micros(until) if until else 1 << 62,
+                ),
+            ).fetchall()
+            return [ledger_from_row(row) for row in rows]
+
+        return await self._db.run(read)
+
+    async def close(self) -> None:
+        await self._db.close()

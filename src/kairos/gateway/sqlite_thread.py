@@ -1,0 +1,55 @@
+"""One SQLite connection used from one thread of its own, so the event loop never blocks and
+the connection is never shared between threads. The gateway's SQLite counters and registry
+each own one."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from kairos.gateway.errors import AccountingUnavailable
+
+T = TypeVar("T")
+
+
+class SQLiteThread:
+    def __init__(self, path: str, schema: str) -> None:
+        self.path = path
+        self._schema = schema
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kairos-gateway-db")
+        self._connection: sqlite3.Connection | None = None
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._connection is None:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            connection = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            connection.execute("pragma journal_mode=wal")
+            connection.execute("pragma synchronous=normal")
+            connection.execute("pragma busy_timeout=30000")
+            connection.executescript(self._schema)
+            self._connection = connection
+        return self._connection
+
+    async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `work(connection)` on the connection's thread."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, lambda: work(self._connect()))
+        except sqlite3.Error as error:  # fail closed, without the file's contents or path
+            raise AccountingUnavailable(
+                f"the gateway's SQLite store failed ({type(error).__name__}: {error})"
+            ) from None
+
+    async def close(self) -> None:
+        def shut(connection: sqlite3.Connection) -> None:
+            connection.close()
+            self._connection = None
+
+        if self._connection is not None:
+            await self.run(shut)
+        self._executor.shutdown(wait=False)

@@ -1,0 +1,41 @@
+"""Server-sent events: read them from an upstream body, write them to a client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    event: str | None
+    data: str
+
+
+async def events(lines: AsyncIterator[str]) -> AsyncIterator[Event]:
+    """Events from the lines of an SSE body (comments and ids are skipped)."""
+    name: str | None = None
+    data: list[str] = []
+    async for line in lines:
+        if not line:
+            if data:
+                yield Event(name, "\n".join(data))
+            name, data = None, []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        elif line.startswith("event:"):
+            name = line[6:].strip()
+    if data:
+        yield Event(name, "\n".join(data))
+
+
+def encode(data: Any, event: str | None = None) -> bytes:
+    """One SSE frame carrying `data` as JSON."""
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,250 @@
+"""A fake LLM provider speaking real HTTP (OpenAI and Anthropic wire formats), with scripted
+behaviour chosen by the upstream model name (or `behaviour[model]`, changeable mid-test):
+
+  echo     answers at once; usage: 10 tokens in, min(max_tokens, 5) out
+  slow     waits `slow_seconds` first
+  fail     500            busy   429            bad    400
+  cut      streams two chunks, then drops the connection (no usage)
+  late     streams 5 chunks 0.1 s apart, usage last (for client-disconnect tests)
+  broken   streams two chunks, then an in-band error event
+  timed    answers after `delay` seconds; streams `chunks` chunks over `stream_seconds`
+
+`ServerThread` runs any ASGI app with uvicorn on a free localhost port in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+T = TypeVar("T")
+TOKENS_IN = 10
+
+
+class FakeUpstream:
+    def __init__(self, *, delay: float = 0.0, chunks: int = 5, stream_seconds: float = 0.0) -> None:
+        self.behaviour: dict[str, str] = {}
+        self.received: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.delay = delay
+        self.chunks = chunks
+        self.stream_seconds = stream_seconds
+        self.slow_seconds = 0.3
+        self.finished_streams = 0
+        self.keep_log = True
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+                Route("/v1/messages", self.messages, methods=["POST"]),
+            ]
+        )
+
+    async def _begin(self, request: Request) -> tuple[dict[str, Any], str, Response | None]:
+        body = orjson.loads(await request.body())
+        if self.keep_log:
+            self.received.append(body)
+            self.headers.append(dict(request.headers))
+        mode = self.behaviour.get(body.get("model", ""), body.get("model", ""))
+        if mode == "slow":
+            await asyncio.sleep(self.slow_seconds)
+        if mode == "timed" and self.delay and not body.get("stream"):
+            await asyncio.sleep(self.delay)
+        failure = {"fail": 500, "busy": 429, "bad": 400}.get(mode)
+        if failure:
+            message = {"error": {"message": f"scripted {failure}", "type": "scripted"}}
+            return (
+                body,
+                mode,
+                Response(orjson.dumps(message), failure, media_type="application/json"),
+            )
+        return body, mode, None
+
+    def _out(self, body: dict[str, Any]) -> int:
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+        return int(min(limit, self.chunks))
+
+    async def chat(self, request: Request) -> Response:
+        body, mode, failure = await self._begin(request)
+        if failure:
+            return failure
+        out = self._out(body)
+        if not body.get("stream"):
+            return _json({
+                "id": "chatcmpl-fake", "object": "chat.completion", "created": 1,
+                "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "tok " * out},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": TOKENS_IN, "completion_tokens": out,
+                          "total_tokens": TOKENS_IN + out},
+            })  # fmt: skip
+        include = bool((body.get("stream_options") or {}).get("include_usage"))
+        return StreamingResponse(
+            self._chat_stream(body, mode, out, include), media_type="text/event-stream"
+        )
+
+    async def _chat_stream(
+        self, body: dict[str, Any], mode: str, out: int, include: bool
+    ) -> AsyncIterator[bytes]:
+        def frame(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            chunk = {
+                "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1,
+                "model": body["model"],
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }  # fmt: skip
+            return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+        pause = {"late": 0.1, "timed": self.stream_seconds / max(out, 1)}.get(mode, 0.0)
+        if mode == "timed" and self.delay:
+            await asyncio.sleep(self.delay)
+        yield frame({"role": "assistant", "content": ""})
+        for index in range(out):
+            if pause:
+                await asyncio.sleep(pause)
+            if index == 2 and mode == "cut":
+                raise RuntimeError("scripted cut")  # uvicorn drops the connection
+            if index == 2 and mode == "broken":
+                yield b'data: {"error": {"message": "scripted overload"}}\n\n'
+                return
+            yield frame({"content": "tok "})
+        yield frame({}, "stop")
+        if include:
+            usage = {
+                "prompt_tokens": TOKENS_IN,
+                "completion_tokens": out,
+                "total_tokens": TOKENS_IN + out,
+            }
+            chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1,
+                     "model": body["model"], "choices": [], "usage": usage}  # fmt: skip
+            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+        self.finished_streams += 1
+
+    async def completions(self, request: Request) -> Response:
+        body, _, failure = await self._begin(request)
+        if failure:
+            return failure
+        out = self._out(body)
+        return _json({
+            "id": "cmpl-fake", "object": "text_completion", "created": 1, "model": body["model"],
+            "choices": [{"index": 0, "text": "tok " * out, "finish_reason": "stop",
+                         "logprobs": None}],
+            "usage": {"prompt_tokens": TOKENS_IN, "completion_tokens": out,
+                      "total_tokens": TOKENS_IN + out},
+        })  # fmt: skip
+
+    async def embeddings(self, request: Request) -> Response:
+        body, _, failure = await self._begin(request)
+        if failure:
+            return failure
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        return _json({
+            "object": "list", "model": body["model"],
+            "data": [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}
+                     for i in range(len(inputs))],
+            "usage": {"prompt_tokens": TOKENS_IN, "total_tokens": TOKENS_IN},
+        })  # fmt: skip
+
+    async def messages(self, request: Request) -> Response:
+        body, _, failure = await self._begin(request)
+        if failure:
+            return failure
+        out = int(min(body["max_tokens"], self.chunks))
+        if not body.get("stream"):
+            return _json({
+                "id": "msg_fake", "type": "message", "role": "assistant", "model": body["model"],
+                "content": [{"type": "text", "text": "tok " * out}], "stop_reason": "end_turn",
+                "stop_sequence": None, "usage": {"input_tokens": TOKENS_IN, "output_tokens": out},
+            })  # fmt: skip
+        return StreamingResponse(self._message_stream(body, out), media_type="text/event-stream")
+
+    async def _message_stream(self, body: dict[str, Any], out: int) -> AsyncIterator[bytes]:
+        def event(name: str, data: dict[str, Any]) -> bytes:
+            return f"event: {name}\n".encode() + b"data: " + orjson.dumps(data) + b"\n\n"
+
+        yield event("message_start", {"type": "message_start", "message": {
+            "id": "msg_fake", "type": "message", "role": "assistant", "model": body["model"],
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": TOKENS_IN, "output_tokens": 1}}})  # fmt: skip
+        block = {"type": "text", "text": ""}
+        yield event(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": block},
+        )
+        yield event("ping", {"type": "ping"})
+        for _ in range(out):
+            delta = {"type": "text_delta", "text": "tok "}
+            yield event(
+                "content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}
+            )
+        yield event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        yield event("message_delta", {"type": "message_delta",
+                                      "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                      "usage": {"output_tokens": out}})  # fmt: skip
+        yield event("message_stop", {"type": "message_stop"})
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status, media_type="application/json")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerThread:
+    """An ASGI app served by uvicorn on 127.0.0.1 in a background thread (its own loop)."""
+
+    def __init__(self, app: Any, *, port: int | None = None, loop: str = "asyncio") -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="error", lifespan="off",
+            loop=loop, http="httptools", access_log=False,
+        )  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self.server.serve())
+        finally:
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        return self
+
+    def call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        """Run a coroutine on the server's loop (where its app's resources live)."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
