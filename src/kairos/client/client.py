@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from kairos.client.backfill import BackfillReport, Progress, materialize
 from kairos.client.config import Config
+from kairos.client.events import event_class, foreign_keys, persist, stored_events, typed_events
 from kairos.client.inputs import check_inputs
 from kairos.client.offline import Datasets, OfflineResult, offline_query
 from kairos.client.project import Project
@@ -27,9 +28,9 @@ from kairos.definitions.graph import Graph
 from kairos.definitions.windows import indexed_window
 from kairos.engine.execution import Engine
 from kairos.engine.result import BulkResult, FeatureValue, NodeTiming, QueryMeta, QueryResult
-from kairos.engine.values import check, to_utc
+from kairos.engine.values import to_utc
 from kairos.engine.windows import WindowIndex
-from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError, did_you_mean
+from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError
 from kairos.planner.plan import Plan
 from kairos.planner.planner import Planner
 from kairos.resolvers.registry import ResolverSet
@@ -122,7 +123,9 @@ class Client:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="kairos-resolver"
         )
-        self.windows = WindowIndex()
+        self.windows = WindowIndex(
+            (lambda: stored_events(self.graph, self.offline_store)) if keeps_history else None
+        )
         for namespace, info in self.graph.classes.items():
             for name in info.features:
                 indexed = indexed_window(self.graph, namespace, name)
@@ -287,42 +290,21 @@ class Client:
 
     def write_events(self, events_of: Any, rows: Sequence[Mapping[str, Any]]) -> int:
         """Add rows of an `@features(events=True)` class; windowed aggregates over them are
-        answered from an index from then on. Returns the number of rows written.
+        answered from an index from then on. With an offline store the events are kept there
+        first (and read back when a client starts); an event whose id was already written
+        replaces it, and the same event sent twice counts once. Returns the number of rows
+        accepted.
 
         >>> client.write_events(Transaction, [{"id": "t1", "user_id": "u1", ...}])  # doctest: +SKIP
         """
         namespace = events_of if isinstance(events_of, str) else self.graph.namespace_of(events_of)
-        info = self.graph.cls(namespace)
-        if not info.events or info.feature_time is None:
-            raise InvalidInput(
-                f"{namespace} does not take events; declare it @features(events=True) with a "
-                "FeatureTime",
-                field="events",
-            )
-        typed = []
-        for index, row in enumerate(rows):
-            clean: dict[str, Any] = {}
-            for key, value in row.items():
-                name = str(key).rpartition(".")[2]
-                feature = info.features.get(name)
-                if feature is None or feature.kind != "scalar":
-                    raise InvalidInput(
-                        f"event {index}: {namespace} has no feature {name!r}"
-                        f"{did_you_mean(name, info.features)}",
-                        field=name,
-                    )
-                try:
-                    clean[name] = check(feature, value, allow_null=True)
-                except InvalidValue as error:
-                    raise InvalidInput(f"event {index}, {name!r}: {error}", field=name) from None
-            if clean.get(info.feature_time) is None:
-                raise InvalidInput(
-                    f"event {index} has no {info.feature_time!r}; every event needs its time",
-                    field=info.feature_time,
-                )
-            typed.append(clean)
-        keys = [name for name, f in info.features.items() if f.fk_target is not None]
-        self.windows.write(namespace, keys, info.feature_time, typed)
+        info = event_class(self.graph, namespace)
+        typed = typed_events(info, rows)
+        if self.offline_writer is not None:  # durable first: an acknowledged event is kept
+            persist(self.offline_store(), info, typed)
+        self.windows.write(
+            namespace, foreign_keys(info), str(info.feature_time), typed, info.primary
+        )
         return len(typed)
 
     def fetch(

@@ -7,6 +7,10 @@ for min and max. A query for `(now - window, now]` finds its two edges by binary
 answers count, sum, mean and std from prefix differences and min and max from two table
 lookups: its cost grows with log(events), not with the events in the window
 (`distinct_count` still scans the window). Online and offline use this same code.
+
+An event is identified by its class's primary key: the same event sent twice (a retried
+delivery) is kept once, and a different event under an id already seen replaces it. An index
+can be given a loader (the events a durable store already holds), read once on first use.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -54,6 +58,16 @@ class _Series:
         self.values.append(value)
         self._append_prefix(value, numeric)
         self._append_tables()
+
+    def remove(self, when: datetime, value: Any) -> None:
+        """Drop one row (a replaced event); prefixes and tables are rebuilt on next read."""
+        start, end = bisect.bisect_left(self.times, when), bisect.bisect_right(self.times, when)
+        for at in range(start, end):
+            kept = self.values[at]
+            if kept is value or kept == value or (_is_nan(kept) and _is_nan(value)):
+                del self.times[at], self.values[at]
+                self.stale = True
+                return
 
     def _append_prefix(self, value: Any, numeric: bool) -> None:
         self.rows.append(self.rows[-1] + 1)
@@ -104,6 +118,10 @@ class _Series:
         return pick(tables[level][i], tables[level][j - (1 << level)])
 
 
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
 def _least(a: Any, b: Any) -> Any:
     return b if a is None else a if b is None else min(a, b)
 
@@ -122,19 +140,29 @@ class _Aggregate:
         self.series: dict[Any, _Series] = {}
 
     def add(self, row: dict[str, Any], when: datetime, epoch: datetime) -> None:
+        kept, value = self.kept(row, epoch)
+        if kept:
+            self.series.setdefault(row.get(self.fk), _Series()).add(when, value, self.numeric)
+
+    def remove(self, row: dict[str, Any], when: datetime, epoch: datetime) -> None:
+        kept, value = self.kept(row, epoch)
+        series = self.series.get(row.get(self.fk))
+        if kept and series is not None:
+            series.remove(when, value)
+
+    def kept(self, row: dict[str, Any], epoch: datetime) -> tuple[bool, Any]:
+        """Whether the row passes the filters, and the value it adds to the aggregate."""
         try:
             if not all(f((), epoch, row) is True for f in self.filters):
-                return
+                return False, None
         except Exception:  # a filter that cannot judge this row does not keep it
-            return
+            return False, None
         if self.projection is None:
-            value: Any = True  # counting rows: any non-null marker
-        else:
-            try:
-                value = self.projection((), epoch, row)
-            except Exception:  # a projection that fails on this row counts as null
-                value = None
-        self.series.setdefault(row.get(self.fk), _Series()).add(when, value, self.numeric)
+            return True, True  # counting rows: any non-null marker
+        try:
+            return True, self.projection((), epoch, row)
+        except Exception:  # a projection that fails on this row counts as null
+            return True, None
 
     def value(self, key: Any, now: datetime) -> Any:
         spec = self.spec
@@ -168,16 +196,25 @@ class _Aggregate:
         raise ValueError(f"unknown aggregation {fn!r}")
 
 
-class WindowIndex:
-    """Events by entity and the windowed aggregates registered over them (thread-safe)."""
+# (child namespace, foreign keys, time field, primary key, rows): one batch of events
+EventBatch = tuple[str, Sequence[str], str, str | None, Sequence[dict[str, Any]]]
 
-    def __init__(self) -> None:
+
+class WindowIndex:
+    """Events by entity and the windowed aggregates registered over them (thread-safe).
+
+    `loader`, if given, returns the events to start from; it runs once, on first use."""
+
+    def __init__(self, loader: Callable[[], Iterable[EventBatch]] | None = None) -> None:
         self._lock = threading.Lock()
         self._events: dict[tuple[str, str], dict[Any, tuple[list[datetime], list[dict[str, Any]]]]]
         self._events = {}
+        self._by_id: dict[str, dict[Any, dict[str, Any]]] = {}
         self._aggregates: dict[tuple[str, str], _Aggregate] = {}
         self._by_child: dict[str, list[_Aggregate]] = {}
         self._time_field: dict[str, str] = {}
+        self._loader = loader
+        self._load_lock = threading.Lock()
 
     def register(self, feature: tuple[str, str], child: str, fk: str, spec: WindowSpec) -> None:
         """Answer `feature` (namespace, name) from `child` events grouped by `fk`."""
@@ -187,25 +224,90 @@ class WindowIndex:
         self._time_field[child] = spec.time_field
 
     def write(
-        self, child: str, fks: Sequence[str], time_field: str, rows: Sequence[dict[str, Any]]
-    ) -> None:
-        """Add typed event rows of `child`, indexed under each foreign key in `fks`."""
-        epoch = datetime.min
+        self,
+        child: str,
+        fks: Sequence[str],
+        time_field: str,
+        rows: Sequence[dict[str, Any]],
+        primary: str | None = None,
+    ) -> int:
+        """Add typed event rows of `child`, indexed under each foreign key in `fks`; with
+        `primary`, an event already held under its id is skipped when identical and replaced
+        otherwise. Returns how many rows changed the index."""
+        self._load()
         with self._lock:
-            for row in rows:
-                when = row[time_field]
-                for fk in fks:
-                    times, kept = self._events.setdefault((child, fk), {}).setdefault(
-                        row.get(fk), ([], [])
-                    )
-                    at = bisect.bisect_right(times, when)
-                    times.insert(at, when)
-                    kept.insert(at, row)
-                for aggregate in self._by_child.get(child, ()):
-                    aggregate.add(row, when, epoch)
+            return self._add(child, fks, time_field, primary, rows)
+
+    def _load(self) -> None:
+        if self._loader is None:
+            return
+        with self._load_lock:
+            loader = self._loader
+            if loader is None:
+                return
+            batches = list(loader())  # a failing load is tried again on next use
+            with self._lock:
+                for child, fks, time_field, primary, rows in batches:
+                    self._add(child, fks, time_field, primary, rows)
+            self._loader = None
+
+    def _add(
+        self,
+        child: str,
+        fks: Sequence[str],
+        time_field: str,
+        primary: str | None,
+        rows: Sequence[dict[str, Any]],
+    ) -> int:
+        epoch = datetime.min
+        seen = self._by_id.setdefault(child, {}) if primary is not None else None
+        changed = 0
+        for row in rows:
+            if seen is not None:
+                event_id = row.get(primary) if primary is not None else None
+                before = seen.get(event_id)
+                if before is not None:
+                    if before == row:
+                        continue  # the same event again: a retried delivery
+                    self._drop(child, fks, time_field, before, epoch)
+                seen[event_id] = row
+            when = row[time_field]
+            for fk in fks:
+                times, kept = self._events.setdefault((child, fk), {}).setdefault(
+                    row.get(fk), ([], [])
+                )
+                at = bisect.bisect_right(times, when)
+                times.insert(at, when)
+                kept.insert(at, row)
+            for aggregate in self._by_child.get(child, ()):
+                aggregate.add(row, when, epoch)
+            changed += 1
+        return changed
+
+    def _drop(
+        self,
+        child: str,
+        fks: Sequence[str],
+        time_field: str,
+        row: dict[str, Any],
+        epoch: datetime,
+    ) -> None:
+        when = row[time_field]
+        for fk in fks:
+            found = self._events.get((child, fk), {}).get(row.get(fk))
+            if found is None:
+                continue
+            times, kept = found
+            for at in range(bisect.bisect_left(times, when), bisect.bisect_right(times, when)):
+                if kept[at] is row:
+                    del times[at], kept[at]
+                    break
+        for aggregate in self._by_child.get(child, ()):
+            aggregate.remove(row, when, epoch)
 
     def rows(self, child: str, fk: str, key: Any, now: datetime) -> list[dict[str, Any]]:
         """The entity's events with time <= now, oldest first."""
+        self._load()
         with self._lock:
             found = self._events.get((child, fk), {}).get(key)
             if found is None:
@@ -214,6 +316,7 @@ class WindowIndex:
             return [dict(r) for r in kept[: bisect.bisect_right(times, now)]]
 
     def value(self, feature: tuple[str, str], key: Any, now: datetime) -> Any:
+        self._load()
         with self._lock:  # a read may rebuild a series after late events
             return self._aggregates[feature].value(key, now)
 

@@ -159,6 +159,8 @@ class OfflineStore(Protocol):
         ttl: TTLs = None,
     ) -> dict[str, pa.Array]: ...
 
+    def latest_rows(self, namespace: str, features: Sequence[str]) -> pa.Table: ...
+
     def value_kind(self, namespace: str, feature: str) -> str | None: ...
 
     def close(self) -> None: ...
@@ -474,6 +476,77 @@ class DuckDBOfflineStore:
         finally:
             cursor.close()
         return found
+
+    def latest_rows(self, namespace: str, features: Sequence[str]) -> pa.Table:
+        """For each key, the row written last among the tables holding `features[0]`: a
+        table with `key` and one column per feature (null where a table lacks it). Events of an
+        `events=True` class are stored this way, keyed by their id, so this reads them back.
+
+        >>> store = DuckDBOfflineStore(":memory:")
+        >>> t = datetime(2026, 1, 1, tzinfo=UTC)
+        >>> store.write_many("txn", ValueType("str"), ["t1", "t1"], [t, t],
+        ...     {"at": (ValueType("datetime"), [t, t]), "amount": (ValueType("int"), [5, 7])})
+        >>> store.latest_rows("txn", ["at", "amount"]).column("amount").to_pylist()
+        [7]
+        >>> store.close()
+        """
+        if not features:
+            raise InvalidInput(f"latest rows of {namespace!r}: name at least one feature")
+        with self._lock:
+            held = [
+                s
+                for s in self._segments.values()
+                if s.namespace == namespace and features[0] in s.columns
+            ]
+        kinds: dict[str, str] = {}
+        for segment in held:
+            for feature in features:
+                if feature in segment.columns:
+                    kinds.setdefault(feature, segment.columns[feature][1])
+        if not held:
+            return pa.table(
+                {"key": pa.array([], pa.string())}
+                | {f: pa.array([], _VALUE_TYPES[kinds.get(f, "str")][1]) for f in features}
+            )
+        stored = [f for f in features if f in kinds]
+        branches = []
+        for segment in held:
+            columns = [
+                f"{_quoted(segment.columns[f][0])} as c{i}"
+                if f in segment.columns
+                else f"cast(null as {_VALUE_TYPES[kinds[f]][0]}) as c{i}"
+                for i, f in enumerate(stored)
+            ]
+            branches.append(
+                f"select key, inserted_at, rowid as row_number, {', '.join(columns)} "
+                f"from {_quoted(segment.table)}"
+            )
+        selected = ", ".join(
+            f"epoch_us(c{i}) as c{i}" if kinds[f] == "timedelta" else f"c{i}"
+            for i, f in enumerate(stored)
+        )
+        sql = (
+            f"select key, {selected} from ({' union all '.join(branches)}) "
+            "qualify row_number() over (partition by key order by inserted_at desc, "
+            "row_number desc) = 1 order by key"
+        )
+        cursor = self._cursor()
+        try:
+            result = cursor.sql(sql).to_arrow_table()
+        except duckdb.Error as error:
+            raise KairosError(f"{self!r}: cannot read events of {namespace!r}: {error}") from None
+        finally:
+            cursor.close()
+        read: dict[str, Any] = {"key": result.column(0)}
+        for feature in features:
+            if feature not in kinds:
+                read[feature] = pa.nulls(result.num_rows)
+                continue
+            column = result.column(1 + stored.index(feature)).combine_chunks()
+            if kinds[feature] == "timedelta":
+                column = column.cast(pa.int64()).view(pa.duration("us"))
+            read[feature] = column
+        return pa.table(read)
 
     def value_kind(self, namespace: str, feature: str) -> str | None:
         """The value kind a feature was written with (`int`, `list`...), None if never written."""

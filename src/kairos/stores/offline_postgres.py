@@ -282,6 +282,66 @@ class PostgresOfflineStore:
                 raise KairosError(f"{self!r}: cannot read {name!r}: {self._scrub(error)}") from None
         return pa.array([row[0] for row in rows], arrow_type)
 
+    def latest_rows(self, namespace: str, features: Sequence[str]) -> pa.Table:
+        """For each key, the row written last of `features[0]`, with the other features'
+        values from the same write (null where it had none): see DuckDBOfflineStore."""
+        import psycopg
+        from psycopg import sql
+
+        if not features:
+            raise InvalidInput(f"latest rows of {namespace!r}: name at least one feature")
+        with self._lock:
+            connection = self._live()
+            try:
+                found = {f: self._table_of(connection, namespace, f) for f in features}
+                first = found[features[0]]
+                if first is None:
+                    return pa.table(
+                        {"key": pa.array([], pa.string())}
+                        | {f: pa.array([], pa.string()) for f in features}
+                    )
+                stored = [f for f in features if found[f] is not None]
+                joins = [
+                    sql.SQL(
+                        "left join {table} as {alias} on {alias}.key = latest.key "
+                        "and {alias}.observed_at = latest.observed_at "
+                        "and {alias}.inserted_at = latest.inserted_at"
+                    ).format(table=entry[0], alias=sql.Identifier(f"f{i}"))
+                    for i, f in enumerate(stored)
+                    if (entry := found[f]) is not None
+                ]
+                query = sql.SQL(
+                    "select latest.key, {values} from (select distinct on (key) key, "
+                    "observed_at, inserted_at from {first} order by key, inserted_at desc, "
+                    "event_id desc) as latest {joins} order by latest.key"
+                ).format(
+                    values=sql.SQL(", ").join(
+                        sql.SQL("{}.value").format(sql.Identifier(f"f{i}"))
+                        for i in range(len(stored))
+                    ),
+                    first=first[0],
+                    joins=sql.SQL(" ").join(joins),
+                )
+                with connection.cursor(binary=True) as cursor:
+                    cursor.execute(query)
+                    rows = cursor.fetchall()
+            except psycopg.Error as error:
+                raise KairosError(
+                    f"{self!r}: cannot read events of {namespace!r}: {self._scrub(error)}"
+                ) from None
+        key_kind = first[2]
+        columns: dict[str, Any] = {
+            "key": pa.array([row[0] for row in rows], _KEY_TYPES[key_kind][1])
+        }
+        for feature in features:
+            entry = found[feature]
+            if entry is None:
+                columns[feature] = pa.nulls(len(rows))
+                continue
+            at = 1 + stored.index(feature)
+            columns[feature] = pa.array([row[at] for row in rows], _VALUE_TYPES[entry[1]][1])
+        return pa.table(columns)
+
     def value_kind(self, namespace: str, feature: str) -> str | None:
         """The value kind a feature was written with (`int`, `list`...), None if never written."""
         import psycopg

@@ -1,0 +1,130 @@
+"""Events of `@features(events=True)` classes: checked, kept durably in the offline store and
+read back into the window index when a client starts.
+
+An event is stored as its class's feature values, keyed by the event's id and observed at its
+`FeatureTime`, all features of one write in one table: so an offline as-of read of
+`Transaction.amount` works too, and a restarted server answers windows over every event it was
+ever sent. Without an offline store (`offline_store: none://`) events live in memory only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kairos.definitions.graph import ClassInfo, Graph
+from kairos.engine.values import check
+from kairos.engine.windows import EventBatch
+from kairos.errors import InvalidInput, InvalidValue, did_you_mean
+from kairos.stores.offline import OfflineStore, readable
+
+
+def event_class(graph: Graph, namespace: str) -> ClassInfo:
+    """The class taking events, or InvalidInput naming the fix."""
+    info = graph.cls(namespace)
+    if not info.events or info.feature_time is None:
+        raise InvalidInput(
+            f"{namespace} does not take events; declare it @features(events=True) with a "
+            "FeatureTime",
+            field="events",
+        )
+    return info
+
+
+def typed_events(info: ClassInfo, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows checked against the class: known scalar features, typed values, an id and a time
+    on every event; a later row with the id of an earlier one in the batch replaces it."""
+    namespace, time_field = info.namespace, info.feature_time
+    typed: dict[Any, dict[str, Any]] = {}
+    for index, row in enumerate(rows):
+        clean: dict[str, Any] = {}
+        for key, value in row.items():
+            name = str(key).rpartition(".")[2]
+            feature = info.features.get(name)
+            if feature is None or feature.kind != "scalar":
+                raise InvalidInput(
+                    f"event {index}: {namespace} has no feature {name!r}"
+                    f"{did_you_mean(name, info.features)}",
+                    field=name,
+                )
+            try:
+                clean[name] = check(feature, value, allow_null=True)
+            except InvalidValue as error:
+                raise InvalidInput(f"event {index}, {name!r}: {error}", field=name) from None
+        if time_field is None or clean.get(time_field) is None:
+            raise InvalidInput(
+                f"event {index} has no {time_field!r}; every event needs its time",
+                field=str(time_field),
+            )
+        if clean.get(info.primary) is None:
+            raise InvalidInput(
+                f"event {index} has no {info.primary!r}; every event needs its id (a retried "
+                "event is recognised by it)",
+                field=info.primary,
+            )
+        typed.pop(clean[info.primary], None)  # the later row wins, in its own position
+        typed[clean[info.primary]] = clean
+    return list(typed.values())
+
+
+def foreign_keys(info: ClassInfo) -> list[str]:
+    """The features an event class is indexed under (its foreign keys)."""
+    return [name for name, f in info.features.items() if f.fk_target is not None]
+
+
+def stored_features(info: ClassInfo) -> list[str]:
+    """The features an event is stored with: its time first, then the other scalars."""
+    time_field = str(info.feature_time)
+    return [time_field] + [
+        name
+        for name, f in info.features.items()
+        if f.kind == "scalar" and name not in (info.primary, time_field)
+    ]
+
+
+def persist(store: OfflineStore, info: ClassInfo, rows: Sequence[dict[str, Any]]) -> None:
+    """Write checked events to the offline store in one transaction."""
+    if not rows:
+        return
+    features = stored_features(info)
+    primary = info.features[info.primary]
+    key_type = primary.type
+    if key_type is None:  # pragma: no cover - a primary key always has a type
+        raise InvalidInput(f"{info.namespace}.{info.primary} has no type", field=info.primary)
+    store.write_many(
+        info.namespace,
+        key_type,
+        [row[info.primary] for row in rows],
+        [row[features[0]] for row in rows],
+        {
+            name: (info.features[name].type or key_type, [row.get(name) for row in rows])
+            for name in features
+        },
+    )
+
+
+def stored_events(graph: Graph, open_store: Callable[[], OfflineStore]) -> list[EventBatch]:
+    """Every event class's events as the offline store holds them (the latest write of each
+    id), as batches for the window index."""
+    batches: list[EventBatch] = []
+    classes = [info for info in graph.classes.values() if info.events and info.feature_time]
+    if not classes:
+        return batches
+    store = open_store()
+    for info in classes:
+        features = stored_features(info)
+        table = store.latest_rows(info.namespace, features)
+        if not table.num_rows:
+            continue
+        columns = {"key": table.column("key").to_pylist()}
+        for name in features:
+            kind = store.value_kind(info.namespace, name)
+            found = readable(table.column(name).combine_chunks(), kind)
+            columns[name] = found if isinstance(found, list) else found.to_pylist()
+        rows = [
+            {info.primary: key, **{name: columns[name][i] for name in features}}
+            for i, key in enumerate(columns["key"])
+        ]
+        rows.sort(key=lambda row: row[features[0]])
+        batches.append((info.namespace, foreign_keys(info), features[0], info.primary, rows))
+    return batches
