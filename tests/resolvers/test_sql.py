@@ -211,6 +211,47 @@ def test_a_batch_over_the_limit_is_split_into_statements(shop: Shop, distinct: i
     assert sorted(k for s in orders for k in s.params[:-1]) == sorted(set(ids))
 
 
+def test_offline_rows_each_see_their_own_now_in_one_statement(shop: Shop) -> None:
+    """A spine whose rows have their own times: `:now` is bound per row. DuckDB and
+    PostgreSQL answer all rows from one lateral statement; SQLite runs one per (key, now).
+    An aggregate in the SQL (not rewritable into IN (...)) is evaluated per row too."""
+    shop.write_sql(
+        "latest.sql",
+        """\
+        -- resolves: Customer
+        -- source: shop
+        select max(amount) as top from orders where customer_id = :id and ts <= :now
+        """,
+    )
+    features_py = shop.folder / "features.py"
+    features_py.write_text(
+        features_py.read_text().replace("    name: str\n", "    name: str\n    top: float | None\n")
+    )
+    rng = random.Random(3)
+    customers = [*rng.choices(list(NAMES), k=40), "ghost"]
+    times = [NOW - timedelta(hours=rng.randint(-30, 400)) for _ in customers]
+    client = shop.client()
+    statements = shop.statements(client)
+
+    result = client.offline_query(
+        {"customer.id": customers, "ts": times},
+        ["customer.order_count", "customer.spent", "customer.top"],
+        recompute=True,
+    )
+
+    pairs = list(zip(customers, times, strict=True))
+    assert result.column("customer.order_count") == [len(orders_of(c, t)) for c, t in pairs]
+    assert result.column("customer.spent") == pytest.approx([spent(c, t) for c, t in pairs])
+    tops = [max((a for _, _, a, _ in orders_of(c, t)), default=None) for c, t in pairs]
+    assert result.column("customer.top") == tops
+    orders = on_table(statements, "orders")
+    if shop.backend.dialect == "sqlite":
+        assert len(orders) == 2 * len(set(pairs))
+    else:
+        assert len(orders) == 2  # one per resolver, every row's :now bound in it
+        assert all(" lateral " in " ".join(s.sql.lower().split()) for s in orders)
+
+
 # --- 4. hostile input is a value, never SQL ------------------------------------------------
 
 HOSTILE = [

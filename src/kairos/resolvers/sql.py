@@ -12,12 +12,18 @@ driver, never spliced into the text. A parameter that is the class's primary key
 resolver produce the selected features; one that is a foreign key (`:user_id` on
 Transaction) makes it fill the parent's has-many feature (`User.transactions`). For a batch
 of entities the key comparison (`id = :id`) becomes `id IN (...)`: one statement.
+
+Where that rewrite cannot apply (other arguments differ per entity, like `:now` for each row
+of an offline spine, or the statement aggregates or limits its rows), DuckDB and PostgreSQL
+get one statement anyway: the calls' arguments as a `VALUES` list joined `LATERAL` to the
+user's statement, which the database evaluates once per call, exactly as if run alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +38,27 @@ _HEADER = re.compile(r"^\s*--\s*([a-z_]+)\s*:\s*(.*?)\s*$")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 # Batches this size or smaller go out as one statement; larger ones are split.
 MAX_BATCH = 1000
+MAX_LATERAL = 500  # calls per lateral statement (each binds one value per parameter)
+# dialect -> argument kind -> the SQL type a lateral statement casts it to
+LATERAL_TYPES: dict[str, dict[str, str]] = {
+    "duckdb": {
+        "bool": "BOOLEAN",
+        "int": "BIGINT",
+        "float": "DOUBLE",
+        "str": "VARCHAR",
+        "datetime": "TIMESTAMPTZ",
+        "date": "DATE",
+    },
+    "postgres": {
+        "bool": "boolean",
+        "int": "bigint",
+        "float": "double precision",
+        "str": "text",
+        "datetime": "timestamptz",
+        "date": "date",
+    },
+}
+logger = logging.getLogger("kairos.sql")
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,10 +340,20 @@ class SqlRunner:
                 results[index] = self.shape(found.get(_norm(call[key_index]), []), call, key_index)
             return
 
-        # One statement per distinct set of arguments, run concurrently.
         distinct: dict[tuple[Any, ...], list[int]] = {}
         for index, call in enumerate(calls):
             distinct.setdefault(tuple(_norm(v) for v in call), []).append(index)
+        if len(distinct) > 1 and self.source.dialect in LATERAL_TYPES:
+            groups = list(distinct.values())
+            answered = await self.run_lateral([calls[g[0]] for g in groups])
+            if answered is not None:
+                for indexes, rows in zip(groups, answered, strict=True):
+                    result = self.shape(rows, calls[indexes[0]], key_index)
+                    for index in indexes:
+                        results[index] = result
+                return
+
+        # One statement per distinct set of arguments, run concurrently.
 
         async def one(indexes: list[int]) -> None:
             call = calls[indexes[0]]
@@ -328,6 +365,62 @@ class SqlRunner:
                 results[index] = result
 
         await asyncio.gather(*(one(indexes) for indexes in distinct.values()))
+
+    async def run_lateral(self, calls: list[list[Any]]) -> list[list[dict[str, Any]]] | None:
+        """Each call's rows from one statement per MAX_LATERAL calls; None where the
+        arguments have no common SQL type or the database refuses the form (the caller then
+        runs one statement per call, which reports any real error)."""
+        text = self.plan.resolver.text
+        names = list(dict.fromkeys(text.params))
+        types = _argument_types(self.source.dialect, names, self.plan.params, calls)
+        if types is None:
+            return None
+        found: list[list[dict[str, Any]]] = []
+        try:
+            for start in range(0, len(calls), MAX_LATERAL):
+                found.extend(await self.fetch_lateral(calls[start : start + MAX_LATERAL], types))
+        except Exception as error:  # e.g. a statement that cannot be a subquery
+            logger.debug("lateral batch of %s refused: %s", self.plan.resolver.name, error)
+            return None
+        return found
+
+    async def fetch_lateral(
+        self, calls: list[list[Any]], types: Mapping[str, str]
+    ) -> list[list[dict[str, Any]]]:
+        text = self.plan.resolver.text
+        names = list(types)
+        counter = 0
+
+        def placeholder(cast: str) -> str:
+            nonlocal counter
+            counter += 1
+            return f"cast({self.source.placeholder(counter)} as {cast})"
+
+        rows_sql, params = [], []
+        integer = LATERAL_TYPES[self.source.dialect]["int"]
+        for index, call in enumerate(calls):
+            values = dict(zip(self.plan.params, call, strict=True))
+            cells = [placeholder(integer)] + [placeholder(types[n]) for n in names]
+            rows_sql.append("(" + ", ".join(cells) + ")")
+            params.extend([index, *[values[n] for n in names]])
+        inner = []
+        for index, part in enumerate(text.parts):
+            inner.append(part.replace("%", "%%") if self.percent else part)
+            if index < len(text.params):
+                inner.append(f"kairos_call.p{names.index(text.params[index])}")
+        body = "".join(inner).rstrip().rstrip(";")
+        columns = ", ".join(["kairos_call_row", *(f"p{i}" for i in range(len(names)))])
+        sql = (
+            f"select kairos_call.kairos_call_row, kairos_result.* from (values "
+            f"{', '.join(rows_sql)}) as kairos_call({columns}) cross join lateral (\n{body}\n) "
+            "as kairos_result"
+        )
+        columns_out, rows = await self.source.fetch(sql, params)
+        names_out = [self.plan.columns.get(c, c) for c in columns_out[1:]]
+        found: list[list[dict[str, Any]]] = [[] for _ in calls]
+        for row in rows:
+            found[int(row[0])].append(dict(zip(names_out, row[1:], strict=True)))
+        return found
 
     def shape(
         self, rows: list[dict[str, Any]], call: list[Any], key_index: int
@@ -386,6 +479,38 @@ class SqlRunner:
         columns, rows = await self.source.fetch(sql, params)
         names = [self.plan.columns.get(c, c) for c in columns]
         return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+def _argument_types(
+    dialect: str, names: list[str], params: Sequence[str], calls: list[list[Any]]
+) -> dict[str, str] | None:
+    """The SQL type of each parameter over all calls, or None if one has no single type."""
+    types: dict[str, str] = {}
+    for name in names:
+        at = list(params).index(name)
+        kinds = {kind for call in calls if (kind := _kind(call[at])) is not None}
+        if len(kinds) > 1 or "other" in kinds:
+            return None
+        types[name] = LATERAL_TYPES[dialect][kinds.pop() if kinds else "str"]
+    return types
+
+
+def _kind(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, datetime):
+        return "datetime" if value.tzinfo is not None else "other"
+    if isinstance(value, date):
+        return "date"
+    return "other"
 
 
 def _norm(key: Any) -> Any:
