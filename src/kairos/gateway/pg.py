@@ -49,7 +49,9 @@ class PostgresPool:
                     connection = await psycopg.AsyncConnection.connect(
                         self.url, autocommit=True, connect_timeout=10
                     )
-                    async with connection:
+                    async with connection, connection.transaction():
+                        # processes starting together must not race to create the tables
+                        await connection.execute("select pg_advisory_xact_lock(727274)")
                         await connection.execute(self._schema)
                 except psycopg.Error as error:
                     raise AccountingUnavailable(

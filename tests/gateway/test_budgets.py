@@ -1,0 +1,155 @@
+"""Budgets hold under concurrency on every counters backend; holds clamp, refuse and settle."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from kairos.gateway import BudgetExceeded, Gateway, RateLimited
+from kairos.gateway.accounting import input_bound
+from kairos.gateway.errors import AccountingUnavailable
+from tests.gateway.conftest import config, new_key
+from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
+
+HI = [{"role": "user", "content": "hi"}]
+BOUND = input_bound(len(orjson.dumps(HI)), 1)  # the input tokens a hold assumes for HI
+
+
+@pytest.mark.slow
+def test_200_concurrent_requests_never_exceed_the_budget(
+    upstream: FakeUpstream, tmp_path: Path, counters_url: str
+) -> None:
+    """Two gateways (as two processes would) share one set of counters."""
+    limit = 1_000  # micro-dollars; each answer really costs 10 + 5 = 15
+    upstream.keep_log = False
+
+    async def scenario() -> tuple[int, int, int, list[int]]:
+        gateways = [Gateway(config(upstream, tmp_path, counters=counters_url)) for _ in range(2)]
+        _, key = await gateways[0].create_key(
+            name="small", budgets=[{"period": "total", "usd_micros": limit}]
+        )
+
+        async def one(index: int) -> str:
+            try:
+                await gateways[index % 2].chat(
+                    key, {"model": "chat", "messages": HI, "max_tokens": 50}
+                )
+            except BudgetExceeded:
+                return "refused"
+            return "ok"
+
+        try:
+            outcomes = await asyncio.gather(*(one(i) for i in range(200)))
+            # what the burst's holds left unused is free again: spend it one call at a time
+            while (outcome := await one(0)) == "ok":
+                outcomes.append(outcome)
+            [spent] = await gateways[0].counters.spent([f"{key.id}:usd:total:all"])
+            for gateway in gateways:
+                await gateway.ledger.flush()
+            rows = await gateways[0].usage(key.id)
+            costs = [row.cost_micros for row in rows if row.status == "ok"]
+            return outcomes.count("ok"), outcomes.count("refused"), spent, costs
+        finally:
+            for gateway in gateways:
+                await gateway.close()
+
+    try:
+        served, refused, spent, costs = asyncio.run(scenario())
+    finally:
+        upstream.keep_log = True
+    assert served + refused > 200
+    assert spent <= limit
+    assert spent == sum(costs)  # settled to real usage, no drift
+    assert all(TOKENS_IN + 1 <= c <= TOKENS_IN + 5 for c in costs)  # clamped ones answer less
+    assert len(costs) == served
+    assert spent > limit - (BOUND + 1)  # refused only when not even one output token fits
+
+
+def test_max_tokens_is_clamped_to_what_remains(
+    served: ServerThread, upstream: FakeUpstream
+) -> None:
+    remaining = BOUND + 40
+    key = new_key(served, budgets=[{"period": "day", "usd_micros": remaining}])
+    response = httpx.post(
+        f"{served.url}/v1/chat/completions",
+        json={"model": "chat", "messages": HI, "max_tokens": 1000},
+        headers={"authorization": f"Bearer {key}"},
+    )
+    assert response.status_code == 200
+    assert upstream.received[-1]["max_tokens"] == 40
+
+
+def test_refused_with_429_when_nothing_is_left(
+    served: ServerThread, upstream: FakeUpstream
+) -> None:
+    key = new_key(served, budgets=[{"period": "month", "tokens": BOUND}])  # no room for output
+    response = httpx.post(
+        f"{served.url}/v1/chat/completions",
+        json={"model": "chat", "messages": HI},
+        headers={"authorization": f"Bearer {key}"},
+    )
+    assert response.status_code == 429
+    error = response.json()["error"]
+    assert error["code"] == "budget_exceeded"
+    assert "month budget" in error["message"] and "max_tokens" in error["message"]
+    assert upstream.received == []  # nothing was sent
+
+
+def test_request_and_token_rate_limits(upstream: FakeUpstream, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        gateway = Gateway(config(upstream, tmp_path))
+        try:
+            _, key = await gateway.create_key(name="rpm", rpm=2)
+            body = {"model": "chat", "messages": HI, "max_tokens": 5}
+            await gateway.chat(key, body)
+            await gateway.chat(key, body)
+            with pytest.raises(RateLimited, match="2 requests per minute"):
+                await gateway.chat(key, body)
+            _, key = await gateway.create_key(name="tpm", tpm=BOUND + 12)
+            await gateway.chat(key, {**body, "max_tokens": 100})  # clamped to 12; 15 used
+            with pytest.raises(RateLimited, match="tokens per minute"):
+                await gateway.chat(key, {**body, "max_tokens": 100})
+        finally:
+            await gateway.close()
+
+    asyncio.run(scenario())
+    assert upstream.received[2]["max_tokens"] == 12
+
+
+def test_unpriced_model_is_refused_for_a_usd_budget(upstream: FakeUpstream, tmp_path: Path) -> None:
+    models = {"free": {"deployments": [{"provider": "fake", "model": "echo-unpriced"}]}}
+    upstream.behaviour["echo-unpriced"] = "echo"
+
+    async def scenario() -> None:
+        gateway = Gateway(config(upstream, tmp_path, models=models))
+        try:
+            _, capped = await gateway.create_key(
+                name="usd", budgets=[{"period": "day", "usd": 1.0}]
+            )
+            with pytest.raises(Exception, match="no price for 'echo-unpriced'"):
+                await gateway.chat(capped, {"model": "free", "messages": HI})
+            _, open_key = await gateway.create_key(name="tokens only")
+            reply = await gateway.chat(open_key, {"model": "free", "messages": HI})
+            assert isinstance(reply, dict) and reply["usage"]["completion_tokens"] == 5
+        finally:
+            await gateway.close()
+
+    asyncio.run(scenario())
+
+
+def test_fails_closed_when_the_budget_store_is_down(upstream: FakeUpstream, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        gateway = Gateway(config(upstream, tmp_path, counters="redis://127.0.0.1:1/0"))
+        try:
+            _, key = await gateway.create_key(name="b", budgets=[{"period": "day", "usd": 1}])
+            with pytest.raises(AccountingUnavailable):
+                await gateway.chat(key, {"model": "chat", "messages": HI})
+        finally:
+            await gateway.close()
+
+    asyncio.run(scenario())
+    assert upstream.received == []
