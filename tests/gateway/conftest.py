@@ -63,6 +63,7 @@ def config(
         "providers": {
             "fake": {"kind": "openai", "base_url": f"{url}/v1", "api_key_env": "FAKE_KEY"},
             "claude": {"kind": "anthropic", "base_url": url, "api_key_env": "FAKE_KEY"},
+            "nowhere": {"kind": "openai", "base_url": "http://127.0.0.1:1/v1"},  # refuses
         },
         "models": models
         or {
