@@ -66,7 +66,9 @@ class FakeUpstream:
             await asyncio.sleep(self.delay)
         failure = {"fail": 500, "busy": 429, "bad": 400}.get(mode)
         if failure:
-            message = {"error": {"message": f"scripted {failure}", "type": "scripted"}}
+            # a careless provider that quotes the credential it was sent
+            quoted = request.headers.get("authorization", "")
+            message = {"error": {"message": f"scripted {failure} ({quoted})", "type": "scripted"}}
             return (
                 body,
                 mode,
