@@ -95,6 +95,10 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--in", dest="inputs", action="append", default=[], metavar="FEATURE")
     explain.add_argument("--out", dest="outputs", action="append", default=[], metavar="FEATURE")
     explain.set_defaults(run=_explain)
+
+    from kairos.cli.gateway import add_gateway_commands
+
+    add_gateway_commands(commands)
     return parser
 
 
