@@ -1,0 +1,194 @@
+"""Features computed by an LLM from a prompt built of other features.
+
+    @features
+    class User:
+        id: str
+        name: str
+        txn_count: Windowed[int] = windowed("1d", "7d", expression=...)
+        transactions: DataFrame[Transaction]
+        advice: str = kr.completion(
+            model="local/gemma-270m",
+            messages=[
+                kr.message("system", "You are a careful fraud analyst. Answer in one line."),
+                kr.message("user", "{{ name }} made {{ txn_count['1d'] }} payments today. Risky?"),
+            ],
+            max_tokens=32,
+            temperature=0,
+        )
+        advice_usage: dict = kr.completion_usage("advice")   # tokens, per-feature tokens, timings
+        profile: list = kr.embedding(model="local/minilm", input="{{ name }}")
+
+Templates are Jinja2, rendered in a sandbox. A template names the class's features directly
+(`{{ name }}`); a windowed feature is a mapping from window to value (`txn_count['7d']`); a
+has-many feature is its list of rows (`{% for t in transactions %}{{ t.amount }}{% endfor %}`).
+With `schema=` (a JSON schema, or a pydantic model class) the model is asked for JSON and the
+feature's value is the parsed object. Like `windowed(...)` and `kr.predict(...)`, these only
+record declarations; the client turns them into resolvers. No I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from kairos.definitions.durations import DurationLike, parse_duration
+from kairos.definitions.feature import MISSING, FeatureOptions
+from kairos.errors import DefinitionError
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One chat message whose content is a template over features."""
+
+    role: str
+    template: str
+
+
+def message(role: str, template: str) -> Message:
+    """A chat message: `kr.message("user", "Hello {{ name }}")`."""
+    if role not in ROLES:
+        raise DefinitionError(f"message role {role!r} is not one of {', '.join(ROLES)}")
+    if not isinstance(template, str):
+        raise DefinitionError(f"message({role!r}, ...): the template must be a string")
+    return Message(role, template)
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionOptions(FeatureOptions):
+    """A feature whose value is an LLM's answer to messages rendered from other features."""
+
+    model: str = ""
+    messages: tuple[Message, ...] = ()
+    max_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    schema: Mapping[str, Any] | None = None  # JSON schema of the answer
+    parser: Any = None  # a pydantic model class the answer is validated with
+    timeout: timedelta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UsageOptions(FeatureOptions):
+    """A feature holding the usage and timings of the completion feature `source`."""
+
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingOptions(FeatureOptions):
+    """A feature whose value is the embedding vector of a template over other features."""
+
+    model: str = ""
+    input: str = ""
+    timeout: timedelta | None = None
+
+
+def completion(
+    *,
+    model: str,
+    messages: Sequence[Message | tuple[str, str]],
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    seed: int | None = None,
+    schema: Any = None,
+    timeout: DurationLike | None = None,
+    max_staleness: DurationLike | None = None,
+    description: str | None = None,
+    tags: Iterable[str] = (),
+    owner: str | None = None,
+) -> Any:
+    """Declare a feature as an LLM completion of `messages` (templates over features), sent
+    through the gateway to `model` (a model group or alias the gateway knows)."""
+    if not isinstance(model, str) or not model:
+        raise DefinitionError("completion(model=...): name the model (a gateway model group)")
+    if isinstance(messages, str | Message) or not messages:
+        raise DefinitionError(
+            "completion(messages=[...]): give a list of kr.message(role, template)"
+        )
+    checked = []
+    for item in messages:
+        if isinstance(item, Message):
+            checked.append(item)
+        elif isinstance(item, tuple) and len(item) == 2:
+            checked.append(message(*item))
+        else:
+            raise DefinitionError(
+                f"completion(messages=...): {item!r} is not kr.message(role, template)"
+            )
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise DefinitionError(f"completion(max_tokens={max_tokens!r}) must be a positive int")
+    if temperature is not None and not 0 <= temperature <= 2:
+        raise DefinitionError(f"completion(temperature={temperature!r}) must be in [0, 2]")
+    json_schema, parser = _schema(schema)
+    return CompletionOptions(
+        default=MISSING,
+        max_staleness=_duration(max_staleness, "max_staleness"),
+        description=description,
+        tags=tuple(tags),
+        owner=owner,
+        model=model,
+        messages=tuple(checked),
+        max_tokens=max_tokens,
+        temperature=temperature,
+        seed=seed,
+        schema=json_schema,
+        parser=parser,
+        timeout=_duration(timeout, "timeout"),
+    )
+
+
+def completion_usage(source: str, *, description: str | None = None) -> Any:
+    """Declare a feature holding the usage of completion feature `source` (same class): prompt
+    and completion tokens, tokens per input feature, queue/TTFT/decode times, tokens/s."""
+    if not isinstance(source, str) or not source:
+        raise DefinitionError("completion_usage(source): name the completion feature")
+    return UsageOptions(default=MISSING, description=description, source=source)
+
+
+def embedding(
+    *,
+    model: str,
+    input: str,
+    timeout: DurationLike | None = None,
+    max_staleness: DurationLike | None = None,
+    description: str | None = None,
+    tags: Iterable[str] = (),
+    owner: str | None = None,
+) -> Any:
+    """Declare a feature as the embedding (list of floats) of a template over features."""
+    if not isinstance(model, str) or not model:
+        raise DefinitionError("embedding(model=...): name the embedding model")
+    if not isinstance(input, str):
+        raise DefinitionError("embedding(input=...): give a template string")
+    return EmbeddingOptions(
+        default=MISSING,
+        max_staleness=_duration(max_staleness, "max_staleness"),
+        description=description,
+        tags=tuple(tags),
+        owner=owner,
+        model=model,
+        input=input,
+        timeout=_duration(timeout, "timeout"),
+    )
+
+
+def _duration(value: DurationLike | None, field: str) -> timedelta | None:
+    return None if value is None else parse_duration(value, field=field)
+
+
+def _schema(schema: Any) -> tuple[Mapping[str, Any] | None, Any]:
+    """(JSON schema, pydantic model class or None) from what the user gave."""
+    if schema is None:
+        return None, None
+    if isinstance(schema, Mapping):
+        return dict(schema), None
+    json_schema = getattr(schema, "model_json_schema", None)
+    if callable(json_schema):
+        return json_schema(), schema
+    raise DefinitionError(
+        f"completion(schema={schema!r}): give a JSON schema dict or a pydantic model class"
+    )
