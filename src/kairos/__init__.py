@@ -24,6 +24,7 @@ from kairos.definitions import (
     if_then_else,
     windowed,
 )
+from kairos.definitions.completion import completion, completion_usage, embedding, message
 from kairos.engine import BulkResult, FeatureError, FeatureValue, NodeTiming, QueryResult
 from kairos.errors import (
     AmbiguousResolvers,
@@ -71,9 +72,13 @@ __all__ = [
     "Windowed",
     "_",
     "coalesce",
+    "completion",
+    "completion_usage",
+    "embedding",
     "feature",
     "features",
     "if_then_else",
+    "message",
     "offline",
     "online",
     "windowed",

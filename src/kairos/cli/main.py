@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from kairos.cli.llm_path import breakdown, token_table
 from kairos.client import Client
 from kairos.engine.result import QueryResult
 from kairos.errors import KairosError
@@ -94,6 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--project", default=".")
     explain.add_argument("--in", dest="inputs", action="append", default=[], metavar="FEATURE")
     explain.add_argument("--out", dest="outputs", action="append", default=[], metavar="FEATURE")
+    explain.add_argument(
+        "--tokens",
+        action="store_true",
+        help="run the query (--in FEATURE=VALUE) and show which features fill each prompt",
+    )
     explain.set_defaults(run=_explain)
 
     from kairos.cli.gateway import add_gateway_commands
@@ -217,6 +223,8 @@ def _query(args: argparse.Namespace) -> int:
             print(_grid(("feature", "value", "source", "observed_at"), rows))
             for error in body["errors"]:
                 print(f"error {error['feature']}: {error['code']}: {error['message']}")
+            for line in breakdown(body["meta"].get("llm") or []):
+                print(line)
             print(f"query {body['query_id']} in {body['meta']['duration_ms']:.2f} ms")
         return 1 if body["errors"] else 0
     with Client(args.project) as client:
@@ -241,6 +249,13 @@ def _typed(client: Client, inputs: dict[str, Any], outputs: list[str]) -> dict[s
 def _explain(args: argparse.Namespace) -> int:
     with Client(args.project) as client:
         print(client.explain([i.partition("=")[0] for i in args.inputs], args.outputs))
+        if args.tokens:
+            inputs = _inputs(args.inputs)
+            result = client.query(_typed(client, inputs, args.outputs), args.outputs)
+            print()
+            print(token_table(result.meta.llm))
+            for error in result.errors:
+                print(f"error {error.feature}: {error.code}: {error.message}")
     return 0
 
 
@@ -264,6 +279,7 @@ def _json(result: QueryResult) -> str:
             {"node": t.node, "kind": t.kind, "label": t.label, "duration_ms": t.duration_ms}
             for t in result.trace
         ],
+        "llm": list(result.meta.llm),
     }
     return json.dumps(body, default=str, indent=2)
 
@@ -281,6 +297,7 @@ def _table(result: QueryResult) -> str:
     rows = [(fv.feature, _cell(fv.value), fv.source or "-", _cell(fv.observed_at)) for fv in result]
     lines = [_grid(("feature", "value", "source", "observed_at"), rows)]
     lines += [f"error {e.feature}: {e.code}: {e.message}" for e in result.errors]
+    lines += breakdown(result.meta.llm)
     lines.append(f"query {result.meta.query_id} in {result.meta.duration_ms:.2f} ms")
     return "\n".join(lines)
 

@@ -14,12 +14,13 @@ from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kairos.client.backfill import BackfillReport, Progress, materialize
 from kairos.client.config import Config
 from kairos.client.events import event_class, foreign_keys, persist, stored_events, typed_events
 from kairos.client.inputs import check_inputs
+from kairos.client.llm import GatewayCompleter
 from kairos.client.offline import Datasets, OfflineResult, offline_query
 from kairos.client.project import Project
 from kairos.definitions.durations import DurationLike, parse_duration
@@ -33,6 +34,7 @@ from kairos.engine.windows import WindowIndex
 from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError
 from kairos.planner.plan import Plan
 from kairos.planner.planner import Planner
+from kairos.resolvers.llm import LLM_CALLS, llm_resolvers
 from kairos.resolvers.registry import ResolverSet
 from kairos.sources import source_from_config
 from kairos.stores.datasets import DatasetStore
@@ -46,6 +48,9 @@ from kairos.stores.query_log import (
     QueryLog,
     query_log_from_url,
 )
+
+if TYPE_CHECKING:
+    from kairos.gateway import Gateway
 
 T = TypeVar("T")
 
@@ -69,6 +74,8 @@ class Client:
         query_log: str | QueryLog | None = None,
         default_timeout: DurationLike | None = None,
         max_workers: int = 32,
+        gateway: Gateway | None = None,
+        llm_key: str | None = None,
     ) -> None:
         if isinstance(project, Project):
             loaded = project
@@ -95,7 +102,18 @@ class Client:
         self.sources = {
             name: source_from_config(name, spec, base) for name, spec in self.config.sources.items()
         }
-        self.resolvers = ResolverSet.build(self.graph, self.project.resolvers, self.sources)
+        # `kr.completion` / `kr.embedding` features call the gateway, in process
+        self.llm = GatewayCompleter(
+            self.config.base_dir,
+            gateway,
+            llm_key or self.config.llm.key,
+            self.config.llm.tokenizers,
+        )
+        self.declared_resolvers = (
+            *self.project.resolvers,
+            *llm_resolvers(self.graph, lambda: self.llm),
+        )
+        self.resolvers = ResolverSet.build(self.graph, self.declared_resolvers, self.sources)
         timeout = (
             self.config.resolver_timeout
             if default_timeout is None
@@ -403,7 +421,12 @@ class Client:
             where=lambda row, name: f"input {name!r}" + (f" (row {row})" if rows > 1 else ""),
         )
         limits = self._staleness(staleness)
-        outcome = await self.engine.run(plan, columns, rows, when, limits)
+        calls: list[dict[str, Any]] = []
+        token = LLM_CALLS.set(calls)  # LLM resolvers report their tokens and timings here
+        try:
+            outcome = await self.engine.run(plan, columns, rows, when, limits)
+        finally:
+            LLM_CALLS.reset(token)
         total = (time.perf_counter() - started) * 1000
         trace = [*outcome.trace, NodeTiming(None, "query", "total", 0.0, total, rows, "ok")]
         meta = QueryMeta(
@@ -413,6 +436,7 @@ class Client:
             rows,
             outcome.cache_hits,
             outcome.computed,
+            tuple(_whole_path(call, started, total) for call in calls),
         )
         result = BulkResult(outcome.columns, meta, trace, self.name)
         if self.offline_writer is not None and outcome.observed:
@@ -533,6 +557,7 @@ class Client:
         for source in self.sources.values():
             await source.close()
         await self.store.close()
+        await self.llm.aclose()
 
     def close(self) -> None:
         """`aclose()`, then stop the resolver threads and the event loops this client made."""
@@ -556,6 +581,15 @@ class Client:
 
 # A query id a caller may choose: readable back as a URL path segment, at most 128 chars.
 QUERY_ID = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
+
+
+def _whole_path(call: dict[str, Any], started: float, total_ms: float) -> dict[str, Any]:
+    """An LLM call's record with the context assembly before it: from the query's start to
+    the moment its request was sent (features computed, prompt rendered)."""
+    record = {k: v for k, v in call.items() if k != "sent_at"}
+    record["context_ms"] = round((call["sent_at"] - started) * 1000, 3)
+    record["query_ms"] = round(total_ms, 3)
+    return record
 
 
 def _now(now: datetime | None) -> datetime:

@@ -31,7 +31,16 @@ from kairos.errors import KairosError, ProjectError
 
 CONFIG_FILE = "kairos.yaml"
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_KEYS = {"sources", "online_store", "offline_store", "query_log", "resolver_timeout", "server"}
+_KEYS = {
+    "sources",
+    "online_store",
+    "offline_store",
+    "query_log",
+    "resolver_timeout",
+    "server",
+    "llm",
+    "gateway",  # read by kairos.gateway.GatewayConfig
+}
 _SERVER_KEYS = {"host", "port", "keys"}
 
 
@@ -55,6 +64,20 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class LLMConfig:
+    """How the feature graph's LLM features call the gateway.
+
+    llm:
+      key_env: KAIROS_LLM_KEY            # environment variable holding the gateway key to spend
+      tokenizers:                        # model -> GGUF file whose vocabulary counts its tokens
+        local/gemma-270m: gemma3-270m    # the packaged Gemma 3 270M
+    """
+
+    key: str | None = field(default=None, repr=False)  # a secret: kept out of repr
+    tokenizers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything a client and server need besides the definitions themselves."""
 
@@ -65,6 +88,7 @@ class Config:
     query_log: str = "none://"
     resolver_timeout: timedelta = timedelta(seconds=10)
     server: ServerConfig = field(default_factory=ServerConfig)
+    llm: LLMConfig = field(default_factory=LLMConfig)
 
     @classmethod
     def load(cls, folder: Path) -> Config:
@@ -117,7 +141,27 @@ class Config:
                 port=port,
                 keys=tuple(interpolate(k, f"{path} server.keys") for k in keys),
             ),
+            llm=_llm(raw.get("llm") or {}, path),
         )
+
+
+def _llm(raw: Any, path: Path) -> LLMConfig:
+    if not isinstance(raw, dict) or set(raw) - {"key_env", "tokenizers"}:
+        raise ProjectError(f"{path}: `llm` takes key_env and tokenizers")
+    tokenizers = raw.get("tokenizers") or {}
+    if not isinstance(tokenizers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in tokenizers.items()
+    ):
+        raise ProjectError(f"{path}: `llm.tokenizers` maps model names to GGUF file paths")
+    key_env = raw.get("key_env")
+    if key_env is not None and (not isinstance(key_env, str) or not key_env):
+        raise ProjectError(f"{path}: `llm.key_env` names an environment variable")
+    key = None
+    if key_env is not None:
+        if key_env not in os.environ:
+            raise KairosError(f"{path}: llm.key_env names {key_env}, which is not set")
+        key = os.environ[key_env]
+    return LLMConfig(key=key, tokenizers=dict(tokenizers))
 
 
 def _url(value: Any, folder: Path, path: Path) -> str:

@@ -53,6 +53,8 @@ class QueryMeta:
     rows: int
     cache_hits: int
     computed: int
+    # one entry per LLM call the query made: tokens by feature, context/queue/TTFT/decode times
+    llm: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass

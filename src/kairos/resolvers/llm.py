@@ -12,6 +12,7 @@ it reports them (`kairos_timings`, as kairos' own llama.cpp worker does).
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import json
 import time
@@ -27,6 +28,12 @@ from kairos.errors import DefinitionError, KairosError, did_you_mean
 from kairos.llm.prompts import TEMPLATE, Prompt, Template, Windows
 from kairos.llm.tokens import Tokenizer
 from kairos.resolvers.python import Resolver
+
+# The LLM calls of the query running in this context (set by the client around a query): each
+# call appends its tokens and timings, so the whole path can be reported with the result.
+LLM_CALLS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
+    "kairos_llm_calls", default=None
+)
 
 
 class CompletionFailed(KairosError, RuntimeError):
@@ -202,15 +209,13 @@ class CompletionResolver(Resolver[..., Any]):
         assembled = time.perf_counter()
         answer = await _collect(await completer.chat(body), assembled)
         finished = time.perf_counter()
-        value = self._parse(answer.text)
-        if self.usage is None:
-            return value
         prompt_tokens = answer.usage.get("prompt_tokens")
         counted = sum(by_feature.values())
         if isinstance(prompt_tokens, int) and tokenizer.exact:
             # chat formatting and special tokens: what the engine counted beyond the contents
             by_feature["(format)"] = max(prompt_tokens - counted, 0)
         usage = {
+            "feature": self.output.fqn,
             "model": answer.model or options.model,
             "prompt_tokens": prompt_tokens,
             "completion_tokens": answer.usage.get("completion_tokens"),
@@ -227,6 +232,12 @@ class CompletionResolver(Resolver[..., Any]):
             tokens = answer.usage.get("completion_tokens")
             if isinstance(tokens, int) and tokens > 1 and answer.decode_ms > 0:
                 usage.setdefault("tokens_per_s", round((tokens - 1) / answer.decode_ms * 1000, 2))
+        calls = LLM_CALLS.get()
+        if calls is not None:
+            calls.append({**usage, "sent_at": assembled})
+        value = self._parse(answer.text)
+        if self.usage is None:
+            return value
         return value, usage
 
     def _parse(self, text: str) -> Any:

@@ -253,7 +253,9 @@ class Server:
         body = await read_json(request)
         options = _options(body)
         result = await self.client.query_async(_inputs(body), _outputs(body), **options)
-        self.metrics.observe_query(result.trace, result.meta.cache_hits, result.meta.computed)
+        self.metrics.observe_query(
+            result.trace, result.meta.cache_hits, result.meta.computed, result.meta.llm
+        )
         return json_response(
             {
                 "query_id": result.meta.query_id,
@@ -268,6 +270,7 @@ class Server:
                     "duration_ms": result.meta.duration_ms,
                     "cache_hits": result.meta.cache_hits,
                     "computed": result.meta.computed,
+                    "llm": list(result.meta.llm),
                 },
                 "trace": _trace(result),
             }
@@ -285,7 +288,9 @@ class Server:
                 "inputs",
             )
         result = await self.client.query_bulk_async(inputs, _outputs(body), **options)
-        self.metrics.observe_query(result.trace, result.meta.cache_hits, result.meta.computed)
+        self.metrics.observe_query(
+            result.trace, result.meta.cache_hits, result.meta.computed, result.meta.llm
+        )
         return json_response(
             {
                 "query_id": result.meta.query_id,
@@ -296,7 +301,7 @@ class Server:
                     {"feature": e.feature, "code": e.code, "message": e.message, "row": e.row}
                     for e in result.errors
                 ],
-                "meta": {"duration_ms": result.meta.duration_ms},
+                "meta": {"duration_ms": result.meta.duration_ms, "llm": list(result.meta.llm)},
                 "trace": _trace(result),
             }
         )

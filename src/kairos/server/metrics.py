@@ -1,8 +1,10 @@
 """Prometheus metrics of one server: requests and latency by endpoint, latency per resolver,
-cache hits and misses (their ratio is the hit ratio)."""
+cache hits and misses (their ratio is the hit ratio), and for queries that reach an LLM the
+whole path by model: context assembly, queue, time to first token, decode, tokens/s, total."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -12,6 +14,23 @@ from kairos.engine.result import NodeTiming
 _LATENCY_BUCKETS = (
     0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 )  # fmt: skip
+
+
+_LLM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_LLM_STAGES = {
+    "context": "Time from a query's start to its LLM request (features computed, prompt built)",
+    "queue": "Time an LLM request waited in the engine's queue",
+    "ttft": "Time from an LLM request to its first token",
+    "decode": "Time from an LLM call's first token to its last",
+    "total": "Time from an LLM request to its last token",
+}
+_LLM_FIELDS = {
+    "context": "context_ms",
+    "queue": "queue_ms",
+    "ttft": "ttft_ms",
+    "decode": "decode_ms",
+    "total": "total_ms",
+}
 
 
 class Metrics:
@@ -47,6 +66,30 @@ class Metrics:
             "Share of feature values served from the online store since the server started",
             registry=self.registry,
         )
+        # one histogram per stage of an LLM call, labelled by model
+        self.llm_stages = {
+            stage: Histogram(
+                f"kairos_llm_{stage}_seconds",
+                help_text,
+                ["model"],
+                buckets=_LLM_BUCKETS,
+                registry=self.registry,
+            )
+            for stage, help_text in _LLM_STAGES.items()
+        }
+        self.llm_tokens_per_second = Histogram(
+            "kairos_llm_decode_tokens_per_second",
+            "Decode rate of LLM calls made by queries",
+            ["model"],
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+            registry=self.registry,
+        )
+        self.llm_prompt_tokens = Counter(
+            "kairos_llm_prompt_tokens",
+            "Prompt tokens of LLM calls made by queries, by the feature they came from",
+            ["model", "feature"],
+            registry=self.registry,
+        )
         self._hits = self._misses = 0
         self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._node_children: dict[tuple[str, str], Any] = {}
@@ -62,7 +105,25 @@ class Metrics:
         children[0].inc()
         children[1].observe(seconds)
 
-    def observe_query(self, trace: list[NodeTiming], hits: int, computed: int) -> None:
+    def observe_query(
+        self,
+        trace: list[NodeTiming],
+        hits: int,
+        computed: int,
+        llm: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
+        for call in llm:
+            model = str(call.get("model"))
+            for stage, field_name in _LLM_FIELDS.items():
+                value = call.get(field_name)
+                if isinstance(value, int | float):
+                    self.llm_stages[stage].labels(model).observe(value / 1000)
+            rate = call.get("tokens_per_s")
+            if isinstance(rate, int | float):
+                self.llm_tokens_per_second.labels(model).observe(rate)
+            for feature, count in (call.get("tokens_by_feature") or {}).items():
+                if isinstance(count, int) and count > 0:
+                    self.llm_prompt_tokens.labels(model, feature).inc(count)
         for timing in trace:
             if timing.kind != "query":
                 key = (timing.label, timing.kind)

