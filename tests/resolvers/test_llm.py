@@ -398,3 +398,33 @@ def test_explain_tokens_shows_which_features_fill_the_prompt(
     header = next(line for line in out.splitlines() if "prompt tokens" in line)
     assert f"{sum(rows.values())} prompt tokens" in header
     assert plain not in out  # the key is never printed
+
+
+@pytest.mark.slow
+def test_local_embeddings_need_no_gateway_and_place_similar_texts_close() -> None:
+    @features
+    class Doc:
+        id: str
+        text: str
+        vector: list[float] = kr.embedding(model="local/minilm", input="{{ text }}")
+
+    texts = {
+        "a": "The card was declined at the grocery store.",
+        "b": "A grocery store payment with the card was refused.",
+        "c": "Quarterly revenue of the shipping company rose.",
+    }
+
+    @online
+    def doc_text(did: Doc.id) -> Doc.text:
+        return texts[did]
+
+    with kr.Client(definitions=[Doc, doc_text], query_log="none://") as client:
+        bulk = client.query_bulk({"doc.id": ["a", "b", "c"]}, ["doc.vector"])
+    assert not bulk.errors
+    a, b, c = bulk.column("doc.vector")
+    assert len(a) == 384 and abs(sum(x * x for x in a) - 1) < 1e-4  # unit vectors
+
+    def cosine(u: list[float], v: list[float]) -> float:
+        return sum(x * y for x, y in zip(u, v, strict=True))
+
+    assert cosine(a, b) > cosine(a, c) + 0.3

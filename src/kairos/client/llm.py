@@ -9,16 +9,19 @@ caller. The gateway is built from the project's `gateway:` section on first use,
 
 Token counts use the model's own tokenizer: tiktoken for OpenAI model names, a GGUF file's
 vocabulary for a local model named in `llm.tokenizers` (kairos.yaml), else an estimate.
+Embeddings from `local/minilm` (the packaged all-MiniLM-L6-v2) are computed in process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kairos.errors import KairosError
+from kairos.llm.embeddings import LOCAL_MINILM, LocalEmbedder
 from kairos.llm.tokens import Tokenizer, tokenizer_for
 
 if TYPE_CHECKING:
@@ -54,6 +57,7 @@ class GatewayCompleter:
         self._key = key
         self._tokenizer_files = dict(tokenizers or {})
         self._tokenizers: dict[str, Tokenizer] = {}
+        self._embedder: LocalEmbedder | None = None
         self._lock = threading.Lock()
 
     def gateway(self) -> Gateway:
@@ -81,6 +85,12 @@ class GatewayCompleter:
         return await self.gateway().chat(self.key(), body)
 
     async def embed(self, body: dict[str, Any]) -> dict[str, Any]:
+        if body.get("model") == LOCAL_MINILM:  # the embedded default: in process, no gateway
+            with self._lock:
+                if self._embedder is None:
+                    self._embedder = LocalEmbedder()
+                embedder = self._embedder
+            return await asyncio.to_thread(embedder.reply, body)
         return await self.gateway().embedding(self.key(), body)
 
     def tokenizer(self, model: str) -> Tokenizer:
