@@ -8,13 +8,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import orjson
 
 from kairos.gateway import sse
 from kairos.gateway.config import ProviderConfig
 from kairos.gateway.errors import InvalidRequest, UnsupportedRoute, UpstreamError
-from kairos.gateway.providers import http_client, transport_failure, upstream_failure
+from kairos.gateway.http import HTTPClient
+from kairos.gateway.providers import event_stream, json_reply, post
 
 API_VERSION = "2023-06-01"
 _STOP = {
@@ -163,10 +163,10 @@ class AnthropicProvider:
 
     kinds = frozenset({"chat"})
 
-    def __init__(self, config: ProviderConfig, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, config: ProviderConfig, client: HTTPClient | None = None) -> None:
         self.name = config.name
         self.config = config
-        self._client = client or http_client()
+        self._client = client or HTTPClient()
         self._headers = {
             "content-type": "application/json",
             "anthropic-version": API_VERSION,
@@ -175,58 +175,40 @@ class AnthropicProvider:
         if config.api_key:
             self._headers["x-api-key"] = config.api_key
 
-    def _request(self, kind: str, body: dict[str, Any], timeout: float) -> httpx.Request:
+    def _url(self, kind: str) -> str:
         if kind != "chat":
             raise UnsupportedRoute(f"provider {self.name!r} (anthropic) serves chat calls only")
-        return self._client.build_request(
-            "POST",
-            self.config.base_url + "/v1/messages",
-            content=orjson.dumps(body),
-            headers=self._headers,
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
-        )
+        return self.config.base_url + "/v1/messages"
 
     async def send(self, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-        request = self._request(kind, to_anthropic(body), timeout)
+        url = self._url(kind)
+        response = await post(
+            self._client, self.config, url, self._headers, to_anthropic(body), timeout
+        )
+        reply = await json_reply(self.config, response)
         try:
-            response = await self._client.send(request)
-        except httpx.HTTPError as error:
-            raise transport_failure(self.config, error) from None
-        if response.status_code != 200:
-            raise upstream_failure(self.config, response, response.content)
-        try:
-            return from_anthropic(orjson.loads(response.content))
-        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+            return from_anthropic(reply)
+        except (AttributeError, TypeError, ValueError):
             raise UpstreamError(f"provider {self.name!r} sent a malformed message") from None
 
     async def stream(
         self, kind: str, body: dict[str, Any], timeout: float
     ) -> AsyncIterator[dict[str, Any]]:
-        request = self._request(kind, {**to_anthropic(body), "stream": True}, timeout)
+        url = self._url(kind)
+        payload = {**to_anthropic(body), "stream": True}
+        response = await post(self._client, self.config, url, self._headers, payload, timeout)
+        chunks = chunks_from_anthropic(event_stream(self.config, response), self.name)
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as error:
-            raise transport_failure(self.config, error) from None
-        if response.status_code != 200:
-            try:
-                raise upstream_failure(self.config, response, await response.aread())
-            finally:
-                await response.aclose()
-        try:
-            async for chunk in chunks_from_anthropic(sse.events(response.aiter_lines()), self.name):
+            async for chunk in chunks:
                 yield chunk
         except UpstreamError as error:
-            error.accepted = True  # after a 200: the provider took the call
+            error.accepted = True
             raise
-        except httpx.HTTPError as error:
-            failure = transport_failure(self.config, error)
-            failure.accepted = True
-            raise failure from None
         finally:
-            await response.aclose()
+            await chunks.aclose()  # type: ignore[attr-defined]
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._client.close()
 
 
 # --- Anthropic request from a /v1/messages caller -> OpenAI chat, and back ------------------

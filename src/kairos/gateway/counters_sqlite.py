@@ -1,5 +1,10 @@
-"""Counters in a SQLite file: each hold and settle is one `BEGIN IMMEDIATE` write
-transaction, so processes sharing the file never interleave a check with a charge."""
+"""Counters in a SQLite file: a hold is one `BEGIN IMMEDIATE` write transaction of
+conditional upserts, so processes sharing the file never interleave a check with a charge.
+
+The hold records live in this process's memory, not in the file: the process that holds is
+the one that settles, and a record lost with its process is a hold never settled, which the
+lease rule charges in full anyway (the counters already carry the full amount).
+"""
 
 from __future__ import annotations
 
@@ -18,17 +23,21 @@ create table if not exists gateway_counters (
     spent integer not null,
     expires_at real                -- epoch seconds after which the row may be dropped
 ) without rowid;
-create table if not exists gateway_holds (
-    id text primary key,
-    lines text not null,           -- JSON [[counter, amount], ...]
-    lease_until real not null
-) without rowid;
 """
+# Adds the amount unless that passes the limit; a row that does not exist yet is created
+# (the caller has checked amount <= limit for that case).
+_CHARGE = """
+insert into gateway_counters (counter, spent, expires_at) values (?, ?, ?)
+on conflict (counter) do update set spent = spent + excluded.spent
+    where spent + excluded.spent <= ?
+"""
+_SWEEP_EVERY = 10.0
 
 
 class SQLiteCounters:
     def __init__(self, path: str) -> None:
         self._db = SQLiteThread(path, _SCHEMA)
+        self._holds: dict[str, tuple[tuple[tuple[str, int], ...], float]] = {}
         self._last_sweep = 0.0
 
     async def spent(self, counters: Sequence[str]) -> list[int]:
@@ -45,26 +54,20 @@ class SQLiteCounters:
         return await self._db.run(read)
 
     async def hold(self, hold_id: str, lines: Sequence[Line], lease_until: float) -> int | None:
+        for index, line in enumerate(lines):
+            if line.amount > line.limit:
+                return index
+
         def charge(connection: sqlite3.Connection) -> int | None:
             connection.execute("begin immediate")
             try:
                 for index, line in enumerate(lines):
-                    row = connection.execute(
-                        "select spent from gateway_counters where counter = ?", (line.counter,)
-                    ).fetchone()
-                    if (row[0] if row else 0) + line.amount > line.limit:
+                    cursor = connection.execute(
+                        _CHARGE, (line.counter, line.amount, line.expires_at, line.limit)
+                    )
+                    if cursor.rowcount != 1:
                         connection.execute("rollback")
                         return index
-                for line in lines:
-                    connection.execute(
-                        "insert into gateway_counters (counter, spent, expires_at) values (?, ?, ?)"
-                        " on conflict (counter) do update set spent = spent + excluded.spent",
-                        (line.counter, line.amount, line.expires_at),
-                    )
-                connection.execute(
-                    "insert into gateway_holds (id, lines, lease_until) values (?, ?, ?)",
-                    (hold_id, orjson.dumps([[x.counter, x.amount] for x in lines]), lease_until),
-                )
                 self._sweep(connection)
                 connection.execute("commit")
             except BaseException:
@@ -73,42 +76,49 @@ class SQLiteCounters:
                 raise
             return None
 
-        return await self._db.run(charge)
+        refused = await self._db.run(charge, inline=True)
+        if refused is None:
+            self._holds[hold_id] = (tuple((x.counter, x.amount) for x in lines), lease_until)
+        return refused
 
     async def settle(self, hold_id: str, actual: Mapping[str, int]) -> bool:
+        record = self._holds.pop(hold_id, None)
+        if record is None or record[1] < time.time():
+            return False  # settled already, or its lease ran out: the full hold stays
+        deltas = [(actual.get(c, held) - held, c) for c, held in record[0]]
+        deltas = [(delta, counter) for delta, counter in deltas if delta]
+        if not deltas:
+            return True
+
         def apply(connection: sqlite3.Connection) -> bool:
+            if len(deltas) == 1:  # one statement is atomic by itself
+                connection.execute(
+                    "update gateway_counters set spent = spent + ? where counter = ?", deltas[0]
+                )
+                return True
             connection.execute("begin immediate")
             try:
-                row = connection.execute(
-                    "delete from gateway_holds where id = ? returning lines, lease_until",
-                    (hold_id,),
-                ).fetchone()
-                live = row is not None and row[1] >= time.time()
-                if live:
-                    for counter, held in orjson.loads(row[0]):
-                        delta = actual.get(counter, held) - held
-                        if delta:
-                            connection.execute(
-                                "update gateway_counters set spent = spent + ? where counter = ?",
-                                (delta, counter),
-                            )
+                connection.executemany(
+                    "update gateway_counters set spent = spent + ? where counter = ?", deltas
+                )
                 connection.execute("commit")
             except BaseException:
                 if connection.in_transaction:
                     connection.execute("rollback")
                 raise
-            return live
+            return True
 
-        return await self._db.run(apply)
+        return await self._db.run(apply, inline=True)
 
     def _sweep(self, connection: sqlite3.Connection) -> None:
-        """Drop expired rate windows and holds whose lease ran out (their charge stays)."""
+        """Drop expired rate windows, and forget holds whose lease ran out."""
         now = time.time()
-        if now - self._last_sweep < 10:
+        if now - self._last_sweep < _SWEEP_EVERY:
             return
         self._last_sweep = now
         connection.execute("delete from gateway_counters where expires_at < ?", (now,))
-        connection.execute("delete from gateway_holds where lease_until < ?", (now,))
+        for hold_id in [h for h, (_, lease) in self._holds.items() if lease < now]:
+            del self._holds[hold_id]
 
     async def close(self) -> None:
         await self._db.close()

@@ -209,6 +209,7 @@ class Gateway:
     async def usage(
         self, key: str | None = None, since: datetime | None = None, until: datetime | None = None
     ) -> list[LedgerRow]:
+        await self.drain()
         await self.ledger.flush()
         return await self.registry.read_rows(key, since, until)
 
@@ -233,7 +234,8 @@ class Gateway:
         model, parts = requests.check_embedding(body)
         bound = input_bound(requests.input_bytes(body, "input"), parts)
         reply = await self._dispatch(key, "embedding", "embedding", body, model, False, 0, bound)
-        assert isinstance(reply, dict)
+        if isinstance(reply, Stream):  # a call that is not streamed answers whole
+            raise TypeError("an embedding call returned a stream")
         return reply
 
     async def messages_chat(
@@ -269,6 +271,11 @@ class Gateway:
             call.log(None, None, error.code)
             raise
 
+    async def drain(self) -> None:
+        """Wait until every call this gateway answered is settled and logged."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     def _spawn(self, work: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
@@ -276,8 +283,7 @@ class Gateway:
 
     async def close(self) -> None:
         """Wait for calls still settling, write the ledger, close stores and providers."""
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.drain()
         await self.ledger.close()
         for provider in self.providers.values():
             await provider.close()
@@ -391,25 +397,24 @@ class _Call:
         body = self._upstream_body(deployment, hold)
         sent = time.perf_counter()
         if not self.stream:
-            settled = False
             try:
                 reply = await provider.send(self.kind, body, deployment.timeout)
             except UpstreamError as error:
-                settled = True
                 await self._settle(hold, None, accepted=error.accepted)
                 self.gateway.router.finished(
                     deployment, "failed" if error.retryable else "neutral", 0.0
                 )
                 raise
-            finally:
-                if not settled and "reply" not in locals():  # cancelled: it may have been served
-                    self.gateway._spawn(self._settle(hold, None, accepted=True))
-                    self.gateway.router.finished(deployment, "neutral", 0.0)
+            except BaseException:  # cancelled while waiting: the provider may have served it
+                self.gateway._spawn(self._settle(hold, None, accepted=True))
+                self.gateway.router.finished(deployment, "neutral", 0.0)
+                raise
             elapsed = time.perf_counter() - sent
             self.ttft = elapsed
-            await self._settle(hold, openai_usage(reply), accepted=True)
             self.gateway.router.finished(deployment, "ok", elapsed)
-            self.log(deployment, provider, "ok")
+            # the hold already covers the call: settling (which only gives back) and logging
+            # need not delay the answer
+            self.gateway._spawn(self._close(hold, openai_usage(reply), deployment, provider))
             return reply
         upstream = provider.stream(self.kind, body, deployment.timeout).__aiter__()
         try:
@@ -447,6 +452,12 @@ class _Call:
         self.gateway._tasks.add(result.task)
         result.task.add_done_callback(self.gateway._tasks.discard)
         return result
+
+    async def _close(
+        self, hold: Hold, usage: Usage | None, deployment: Deployment, provider: Provider
+    ) -> None:
+        await self._settle(hold, usage, accepted=True)
+        self.log(deployment, provider, "ok")
 
     async def _settle(self, hold: Hold, usage: Usage | None, *, accepted: bool) -> Settlement:
         settlement = await self.gateway.accountant.settle(hold, usage, accepted=accepted)

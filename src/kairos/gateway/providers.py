@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
 import orjson
 
 from kairos.gateway import sse
 from kairos.gateway.config import ProviderConfig
 from kairos.gateway.errors import UnsupportedRoute, UpstreamError
+from kairos.gateway.http import HTTPClient, HTTPFailure, Response
 
 PATHS = {"chat": "/chat/completions", "completion": "/completions", "embedding": "/embeddings"}
 
@@ -53,17 +53,7 @@ class Provider(Protocol):
     async def close(self) -> None: ...
 
 
-def http_client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
-        timeout=httpx.Timeout(60.0, connect=5.0),
-        follow_redirects=False,
-    )
-
-
-def upstream_failure(
-    provider: ProviderConfig, response: httpx.Response, text: bytes
-) -> UpstreamError:
+def upstream_failure(provider: ProviderConfig, status: int, text: bytes) -> UpstreamError:
     """An UpstreamError for a non-2xx answer, quoting the provider's message (key scrubbed)."""
     message = ""
     try:
@@ -77,25 +67,80 @@ def upstream_failure(
         message = text[:200].decode(errors="replace")
     if provider.api_key:
         message = message.replace(provider.api_key, "***")
-    status = response.status_code
     retryable = status == 429 or status >= 500 or status == 408
     return UpstreamError(
-        f"provider {provider.name!r} answered {status}: {message[:300] or response.reason_phrase}",
+        f"provider {provider.name!r} answered {status}: {message[:300] or 'no message'}",
         status=status if 400 <= status < 500 and not retryable else 502,
         retryable=retryable,
         reached=True,
     )
 
 
-def transport_failure(provider: ProviderConfig, error: httpx.HTTPError) -> UpstreamError:
-    reached = not isinstance(error, httpx.ConnectError | httpx.ConnectTimeout)
-    kind = "timed out" if isinstance(error, httpx.TimeoutException) else "failed"
+def transport_failure(
+    provider: ProviderConfig, error: HTTPFailure, *, accepted: bool = False
+) -> UpstreamError:
     return UpstreamError(
-        f"provider {provider.name!r} {kind} ({type(error).__name__})",
-        status=504 if kind == "timed out" else 502,
+        f"provider {provider.name!r} {'timed out' if error.timed_out else 'failed'}: {error}",
+        status=504 if error.timed_out else 502,
         retryable=True,
-        reached=reached,
+        reached=error.connected,
+        accepted=accepted,
     )
+
+
+async def post(
+    client: HTTPClient,
+    provider: ProviderConfig,
+    url: str,
+    headers: dict[str, str],
+    payload: dict[str, Any],
+    timeout: float,
+) -> Response:
+    """POST JSON; failures to connect or answer become UpstreamError."""
+    try:
+        return await client.request(
+            "POST", url, headers, orjson.dumps(payload), timeout,
+            connect_timeout=min(timeout, 5.0),
+        )  # fmt: skip
+    except HTTPFailure as error:
+        raise transport_failure(provider, error) from None
+
+
+async def json_reply(provider: ProviderConfig, response: Response) -> dict[str, Any]:
+    """The JSON object a 200 answer carries; anything else raises UpstreamError."""
+    try:
+        text = await response.read()
+    except HTTPFailure as error:
+        raise transport_failure(provider, error, accepted=response.status == 200) from None
+    if response.status != 200:
+        raise upstream_failure(provider, response.status, text)
+    try:
+        reply = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        reply = None
+    if not isinstance(reply, dict):
+        raise UpstreamError(f"provider {provider.name!r} sent a body that is not a JSON object")
+    return reply
+
+
+async def event_stream(provider: ProviderConfig, response: Response) -> AsyncIterator[sse.Event]:
+    """The events of a 200 streamed answer; failures after it are `accepted` UpstreamErrors."""
+    if response.status != 200:
+        try:
+            text = await response.read()
+        except HTTPFailure as error:
+            raise transport_failure(provider, error) from None
+        raise upstream_failure(provider, response.status, text)
+    try:
+        async for event in sse.events(response.lines()):
+            yield event
+    except HTTPFailure as error:
+        raise transport_failure(provider, error, accepted=True) from None
+    except UpstreamError as error:
+        error.accepted = True  # after a 200: the provider took the call
+        raise
+    finally:
+        response.close()
 
 
 class OpenAICompatible:
@@ -103,10 +148,10 @@ class OpenAICompatible:
 
     kinds = frozenset(PATHS)
 
-    def __init__(self, config: ProviderConfig, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, config: ProviderConfig, client: HTTPClient | None = None) -> None:
         self.name = config.name
         self.config = config
-        self._client = client or http_client()
+        self._client = client or HTTPClient()
         self._headers = {"content-type": "application/json", **config.headers}
         if config.api_key:
             self._headers["authorization"] = f"Bearer {config.api_key}"
@@ -114,74 +159,47 @@ class OpenAICompatible:
     def __repr__(self) -> str:
         return f"OpenAICompatible({self.name!r}, {self.config.base_url!r})"
 
-    def _request(self, kind: str, body: dict[str, Any], timeout: float) -> httpx.Request:
+    def _url(self, kind: str) -> str:
         if kind not in PATHS:
             raise UnsupportedRoute(f"provider {self.name!r} does not serve {kind} calls")
-        return self._client.build_request(
-            "POST",
-            self.config.base_url + PATHS[kind],
-            content=orjson.dumps(body),
-            headers=self._headers,
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
-        )
+        return self.config.base_url + PATHS[kind]
 
     async def send(self, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-        try:
-            response = await self._client.send(self._request(kind, body, timeout))
-        except httpx.HTTPError as error:
-            raise transport_failure(self.config, error) from None
-        if response.status_code != 200:
-            raise upstream_failure(self.config, response, response.content)
-        try:
-            reply = orjson.loads(response.content)
-        except orjson.JSONDecodeError:
-            raise UpstreamError(f"provider {self.name!r} sent a body that is not JSON") from None
-        if not isinstance(reply, dict):
-            raise UpstreamError(f"provider {self.name!r} sent JSON that is not an object")
-        return reply
+        url = self._url(kind)
+        response = await post(self._client, self.config, url, self._headers, body, timeout)
+        return await json_reply(self.config, response)
 
     async def stream(
         self, kind: str, body: dict[str, Any], timeout: float
     ) -> AsyncIterator[dict[str, Any]]:
         # usage is always asked for upstream: it is what the call is billed by
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        request = self._request(kind, body, timeout)
+        url = self._url(kind)
+        response = await post(self._client, self.config, url, self._headers, body, timeout)
+        events = event_stream(self.config, response)
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as error:
-            raise transport_failure(self.config, error) from None
-        if response.status_code != 200:
-            try:
-                raise upstream_failure(self.config, response, await response.aread())
-            finally:
-                await response.aclose()
-        try:
-            async for event in sse.events(response.aiter_lines()):
+            async for event in events:
                 if event.data.startswith("[DONE]"):
                     break
                 try:
                     chunk = orjson.loads(event.data)
                 except orjson.JSONDecodeError:
                     raise UpstreamError(
-                        f"provider {self.name!r} streamed an event that is not JSON"
+                        f"provider {self.name!r} streamed an event that is not JSON",
+                        accepted=True,
                     ) from None
                 if isinstance(chunk, dict) and chunk.get("error"):
                     problem = chunk["error"]
                     text = problem.get("message") if isinstance(problem, dict) else str(problem)
-                    raise UpstreamError(f"provider {self.name!r} failed mid-stream: {text}")
+                    raise UpstreamError(
+                        f"provider {self.name!r} failed mid-stream: {text}", accepted=True
+                    )
                 yield chunk
-        except UpstreamError as error:
-            error.accepted = True  # after a 200: the provider took the call
-            raise
-        except httpx.HTTPError as error:
-            failure = transport_failure(self.config, error)
-            failure.accepted = True
-            raise failure from None
         finally:
-            await response.aclose()
+            await events.aclose()  # type: ignore[attr-defined]
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._client.close()
 
 
 def provider_for(config: ProviderConfig) -> Provider:

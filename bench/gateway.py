@@ -1,0 +1,311 @@
+"""Latency the gateway adds, and its maximum throughput, against the fake upstream measured
+directly in the same run (and, when it is installed, the LiteLLM proxy set up alike).
+
+    .venv/bin/python bench/gateway.py [--requests 200] [--seconds 5] [--litellm PATH]
+
+Processes: the fake provider (tests/gateway/fake_upstream.py under uvicorn+uvloop, one
+process), `kairos gateway serve` (one process, SQLite counters and ledger, a key with a USD
+budget so every call is held and settled), and this load generator (uvloop, one keep-alive
+HTTP/1.1 connection per client, closed loop). The same client drives the upstream directly
+and through the gateway; "added" is the gateway's percentile minus the direct one.
+
+- timed: the upstream answers after 50 ms; a stream sends 20 chunks over 200 ms (latency is
+  to the stream's last byte); at 1 and 50 concurrent clients;
+- instant: the upstream answers at once; requests/s at 64 clients for `--seconds`.
+
+LiteLLM (`--litellm path/to/bin/litellm`, a venv of its own) runs with one worker and no
+database: keys and budgets in PostgreSQL need Prisma engines downloaded at start-up, which
+this machine cannot do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import orjson
+import uvloop
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+ADMIN, PEPPER = "bench-admin", "bench-pepper"
+BODY = {"messages": [{"role": "user", "content": "Say something short."}], "max_tokens": 20}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection; reads content-length and chunked bodies."""
+
+    def __init__(self, port: int, headers: dict[str, str]) -> None:
+        self.port = port
+        self.head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        assert self.reader is not None
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"{self.head}content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        lower = head.lower()
+        if b"transfer-encoding: chunked" in lower:
+            parts = []
+            while True:
+                size = int((await self.reader.readline()).strip(), 16)
+                parts.append(await self.reader.readexactly(size + 2))
+                if size == 0:
+                    break
+            return status, b"".join(parts)
+        start = lower.index(b"content-length:") + 15
+        length = int(lower[start : lower.index(b"\r\n", start)])
+        return status, await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def latencies(
+    port: int, headers: dict[str, str], path: str, body: bytes, clients: int, requests: int
+) -> list[float]:
+    """Per-request seconds (after a warm-up), `clients` closed loops sharing `requests`."""
+    connections = [Client(port, headers) for _ in range(clients)]
+    samples: list[float] = []
+    remaining = requests + clients * 3  # three warm-up calls per client
+
+    async def loop(client: Client, index: int) -> None:
+        nonlocal remaining
+        warm = 3
+        while remaining > 0:
+            remaining -= 1
+            started = time.perf_counter()
+            status, reply = await client.post(path, body)
+            if status != 200:
+                raise RuntimeError(f"{status}: {reply[:300]!r}")
+            if warm:
+                warm -= 1
+            else:
+                samples.append(time.perf_counter() - started)
+
+    await asyncio.gather(*(loop(c, i) for i, c in enumerate(connections)))
+    for client in connections:
+        client.close()
+    return samples
+
+
+async def throughput(
+    port: int, headers: dict[str, str], path: str, body: bytes, clients: int, seconds: float
+) -> float:
+    connections = [Client(port, headers) for _ in range(clients)]
+    done = 0
+    await asyncio.gather(*(c.post(path, body) for c in connections))  # connect and warm
+    stop = time.perf_counter() + seconds
+
+    async def loop(client: Client) -> None:
+        nonlocal done
+        while time.perf_counter() < stop:
+            status, _ = await client.post(path, body)
+            if status == 200:
+                done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop(c) for c in connections))
+    elapsed = time.perf_counter() - started
+    for client in connections:
+        client.close()
+    return done / elapsed
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        args, cwd=ROOT, env={**os.environ, **(env or {})}, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url} exited: {process.stderr.read()[-2000:]!r}")  # type: ignore[union-attr]
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except Exception:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def serve_upstream(port: int) -> None:
+    import uvicorn
+
+    sys.path.insert(0, str(ROOT))
+    from tests.gateway.fake_upstream import FakeUpstream
+
+    fake = FakeUpstream(delay=0.05, chunks=20, stream_seconds=0.2)
+    fake.keep_log = False
+    uvicorn.run(fake.app(), host="127.0.0.1", port=port, loop="uvloop", http="httptools",
+                log_level="warning", access_log=False)  # fmt: skip
+
+
+def gateway_project(folder: Path, upstream: int) -> None:
+    price = {"input": 0.15, "output": 0.60}
+    fake = {"provider": "fake", "price": price, "timeout": "30s"}
+    config = {
+        "gateway": {
+            "admin_key_env": "BENCH_ADMIN", "pepper_env": "BENCH_PEPPER",
+            "providers": {"fake": {"kind": "openai",
+                                   "base_url": f"http://127.0.0.1:{upstream}/v1"}},
+            "models": {"timed": {"deployments": [{**fake, "model": "timed"}]},
+                       "instant": {"deployments": [{**fake, "model": "echo"}]}},
+        }
+    }  # fmt: skip
+    (folder / "kairos.yaml").write_text(yaml.safe_dump(config))
+
+
+def litellm_config(folder: Path, upstream: int) -> Path:
+    entries = [
+        {"model_name": name, "litellm_params": {
+            "model": f"openai/{model}", "api_base": f"http://127.0.0.1:{upstream}/v1",
+            "api_key": "sk-fake"}}
+        for name, model in (("timed", "timed"), ("instant", "echo"))
+    ]  # fmt: skip
+    path = folder / "litellm.yaml"
+    path.write_text(yaml.safe_dump({"model_list": entries}))
+    return path
+
+
+def run(args: argparse.Namespace) -> None:
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    up_port, gw_port, ll_port = free_port(), free_port(), free_port()
+    processes: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        try:
+            upstream = start([sys.executable, __file__, "--serve-upstream", str(up_port)])
+            processes.append(upstream)
+            gateway_project(folder, up_port)
+            gateway = start(
+                [sys.executable, "-c", "from kairos.cli import main; raise SystemExit(main())",
+                 "gateway", "serve", "--project", str(folder), "--port", str(gw_port)],
+                {"BENCH_ADMIN": ADMIN, "BENCH_PEPPER": PEPPER},
+            )  # fmt: skip
+            processes.append(gateway)
+            wait_ready(f"http://127.0.0.1:{gw_port}/healthz", gateway)
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{gw_port}/admin/keys",
+                data=orjson.dumps({"name": "bench", "budgets": [{"period": "total", "usd": 1e6}]}),
+                headers={"authorization": f"Bearer {ADMIN}", "content-type": "application/json"},
+            )
+            with urllib.request.urlopen(request) as response:
+                key = orjson.loads(response.read())["key"]
+            targets = {
+                "direct": (up_port, {}),
+                "kairos": (gw_port, {"authorization": f"Bearer {key}"}),
+            }
+            if args.litellm:
+                proxy = start([args.litellm, "--config", str(litellm_config(folder, up_port)),
+                               "--port", str(ll_port), "--num_workers", "1"])  # fmt: skip
+                processes.append(proxy)
+                wait_ready(f"http://127.0.0.1:{ll_port}/health/liveliness", proxy, 120)
+                targets["litellm"] = (ll_port, {"authorization": "Bearer sk-any"})
+            rows = measure(args, targets)
+        finally:
+            for process in processes:
+                stop(process)
+    print_table(rows, list(targets))
+
+
+def measure(
+    args: argparse.Namespace, targets: dict[str, tuple[int, dict[str, str]]]
+) -> list[tuple[str, dict[str, tuple[float, float]]]]:
+    rows = []
+    for stream in (False, True):
+        for clients in (1, 50):
+            body = orjson.dumps({**BODY, "model": "timed", "stream": stream})
+            count = args.requests if clients == 1 else args.requests * 2
+            if stream:
+                count //= 2
+            cell = {}
+            for name, (port, headers) in targets.items():
+                samples = asyncio.run(
+                    latencies(port, headers, "/v1/chat/completions", body, clients, count)
+                )
+                cell[name] = (percentile(samples, 0.5) * 1000, percentile(samples, 0.99) * 1000)
+            rows.append((f"{'stream' if stream else 'whole'} @{clients}", cell))
+    body = orjson.dumps({**BODY, "model": "instant"})
+    cell = {}
+    for name, (port, headers) in targets.items():
+        rps = asyncio.run(throughput(port, headers, "/v1/chat/completions", body, 64, args.seconds))
+        cell[name] = (rps, rps)
+    rows.append(("max req/s @64 (instant)", cell))
+    return rows
+
+
+def print_table(rows: list[tuple[str, dict[str, tuple[float, float]]]], names: list[str]) -> None:
+    print(f"{'case':<26}" + "".join(f"{n + ' p50/p99 ms':>24}" for n in names)
+          + "".join(f"{n + ' added p50/p99':>26}" for n in names if n != "direct"))  # fmt: skip
+    for label, cell in rows[:-1]:
+        line = f"{label:<26}" + "".join(f"{cell[n][0]:>13.2f} /{cell[n][1]:>8.2f}" for n in names)
+        for name in names:
+            if name != "direct":
+                added = (cell[name][0] - cell["direct"][0], cell[name][1] - cell["direct"][1])
+                line += f"{added[0]:>+15.2f} /{added[1]:>+8.2f}"
+        print(line)
+    label, cell = rows[-1]
+    print(f"{label:<26}" + "".join(f"{cell[n][0]:>24.0f}" for n in names))
+    if "litellm" in cell:
+        print(f"kairos / litellm requests/s: {cell['kairos'][0] / cell['litellm'][0]:.1f}x")
+    print(f"kairos / direct requests/s: {cell['kairos'][0] / cell['direct'][0]:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--litellm", help="path to a litellm executable (its own venv)")
+    parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_upstream:
+        serve_upstream(args.serve_upstream)
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()
