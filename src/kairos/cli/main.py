@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     from kairos.cli.gateway import add_gateway_commands
 
     add_gateway_commands(commands)
+    from kairos.cli.deploy import add_deploy_commands
+
+    add_deploy_commands(commands)
     return parser
 
 

@@ -1,0 +1,147 @@
+"""What an open-weight deployment is: its spec, and the command line each engine replica runs.
+
+    spec = DeploymentSpec(name="gemma", model="gemma.gguf", replicas=2, max_replicas=4)
+    engine_command(spec, port=8201)        # ['.../python', '-m', 'kairos.llm.worker', ...]
+
+Engines:
+- `llamacpp` (CPU): kairos' own worker (`kairos.llm.worker`) around llama-cpp-python in process.
+- `vllm` (GPU): `vllm serve MODEL --host H --port P --served-model-name NAME --max-model-len N
+  --gpu-memory-utilization U --tensor-parallel-size T --seed S`. vLLM only listens once the
+  weights are loaded; its `/health` is 200 then (503 if the engine died); both engines are
+  checked the same way (the model listed on `/v1/models`, then a 1-token completion). Replica i
+  sees GPUs i*T .. i*T+T-1 through CUDA_VISIBLE_DEVICES unless `share_gpu` is set (then give
+  each replica a `gpu_memory_utilization` of at most 1/replicas).
+
+`kairos.llm.supervisor.DeploymentGroup` runs a spec.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from kairos.errors import InvalidInput
+
+ENGINES = ("llamacpp", "vllm")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKind:
+    """How the supervisor reads an engine's queue from its Prometheus text."""
+
+    name: str
+    waiting_metric: str
+    running_metric: str
+
+
+ENGINE_KINDS = {
+    "llamacpp": EngineKind(
+        "llamacpp", "kairos_llm_requests_waiting", "kairos_llm_requests_running"
+    ),
+    # vLLM renames metrics between versions; these are 0.6 to 0.11's names
+    "vllm": EngineKind("vllm", "vllm:num_requests_waiting", "vllm:num_requests_running"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentSpec:
+    """One model group of identical replicas; times are seconds."""
+
+    name: str
+    model: str  # a GGUF path (llamacpp); a path or Hugging Face id (vllm)
+    engine: str = "llamacpp"
+    replicas: int = 1  # how many to start with
+    min_replicas: int | None = None  # None: `replicas` (no scaling down below the start)
+    max_replicas: int | None = None  # None: `replicas` (no scaling up)
+    host: str = "127.0.0.1"
+    port_base: int | None = None  # replica i listens on port_base + i; None: free ports
+    ctx: int = 2048  # context length (vllm: --max-model-len)
+    threads: int | None = None  # llamacpp: CPU threads per replica
+    seed: int = 0
+    gpu_memory_utilization: float = 0.9  # vllm
+    tensor_parallel_size: int = 1  # vllm
+    share_gpu: bool = False  # vllm: every replica sees every GPU
+    extra_args: tuple[str, ...] = ()  # passed through to the engine's command line
+    ready_timeout: float = 300.0  # for one replica to load and answer its first completion
+    poll_interval: float = 0.5  # how often replicas are checked (process alive, queue depth)
+    scale_up_after: float = 5.0  # requests must keep waiting this long before one is added
+    scale_down_after: float = 60.0  # the group must be idle this long before one is removed
+    drain_timeout: float = 60.0  # in-flight requests may run this long after a stop
+    max_failures: int = 3  # a replica that fails to start this many times in a row is given up
+    env: tuple[tuple[str, str], ...] = field(default=())  # extra environment for every replica
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise InvalidInput(
+                f"engine {self.engine!r} is not one kairos deploys: use one of {ENGINES}",
+                field="engine",
+            )
+        if not self.name or self.name.strip() != self.name:
+            raise InvalidInput(
+                f"deployment name {self.name!r} must be non-empty, without surrounding spaces",
+                field="name",
+            )
+        if self.replicas < 1:
+            raise InvalidInput(f"replicas={self.replicas} must be at least 1", field="replicas")
+        low, high = self.lowest, self.highest
+        if not 1 <= low <= self.replicas <= high:
+            raise InvalidInput(
+                f"replicas must satisfy 1 <= min ({low}) <= replicas ({self.replicas}) <= max "
+                f"({high}): adjust --min-replicas/--max-replicas",
+                field="replicas",
+            )
+        if self.ctx < 16:
+            raise InvalidInput(f"ctx={self.ctx} is too small: use at least 16", field="ctx")
+
+    @property
+    def lowest(self) -> int:
+        return self.replicas if self.min_replicas is None else self.min_replicas
+
+    @property
+    def highest(self) -> int:
+        return self.replicas if self.max_replicas is None else self.max_replicas
+
+    @property
+    def kind(self) -> EngineKind:
+        return ENGINE_KINDS[self.engine]
+
+
+def engine_command(spec: DeploymentSpec, port: int, *, parent_pid: int | None = None) -> list[str]:
+    """The argv one replica runs, listening on `port`."""
+    if spec.engine == "vllm":
+        command = [
+            "vllm", "serve", spec.model,
+            "--host", spec.host,
+            "--port", str(port),
+            "--served-model-name", spec.name,
+            "--max-model-len", str(spec.ctx),
+            "--gpu-memory-utilization", str(spec.gpu_memory_utilization),
+            "--tensor-parallel-size", str(spec.tensor_parallel_size),
+            "--seed", str(spec.seed),
+        ]  # fmt: skip
+        return [*command, *spec.extra_args]
+    command = [
+        sys.executable, "-m", "kairos.llm.worker",
+        "--model", spec.model,
+        "--name", spec.name,
+        "--host", spec.host,
+        "--port", str(port),
+        "--ctx", str(spec.ctx),
+        "--seed", str(spec.seed),
+        "--graceful", str(spec.drain_timeout),
+    ]  # fmt: skip
+    if spec.threads is not None:
+        command += ["--threads", str(spec.threads)]
+    if parent_pid is not None:
+        command += ["--parent-pid", str(parent_pid)]
+    return [*command, *spec.extra_args]
+
+
+def engine_env(spec: DeploymentSpec, index: int) -> dict[str, str]:
+    """Environment additions for replica `index` (vLLM: which GPUs it sees)."""
+    env = dict(spec.env)
+    if spec.engine == "vllm" and not spec.share_gpu:
+        first = index * spec.tensor_parallel_size
+        gpus = range(first, first + spec.tensor_parallel_size)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    return env

@@ -1,0 +1,432 @@
+"""One llama.cpp model in process, behind a strict FIFO queue: one generation at a time.
+
+Requests wait in arrival order and each runs to its end (or its own cancellation); none ever
+cuts off another. Generation runs on one dedicated thread so the event loop keeps serving
+(`/health`, `/metrics`, new arrivals) while tokens are produced.
+
+    engine = LlamaCppEngine(EngineConfig(model_path="tiny.gguf", n_ctx=512))
+    engine.load()                                   # blocking: call it off the event loop
+    job = engine.submit(engine.tokenize("Hello"), Sampling(max_tokens=8))
+    async for event in job.events(): ...            # Piece(text) ..., then Finished(...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import importlib
+import itertools
+import random
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kairos.llm.errors import ContextOverflow, EngineNotReady, LLMRequestError
+from kairos.llm.stops import StopMatcher
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model_path: str
+    n_ctx: int = 2048
+    n_threads: int | None = None  # None: llama.cpp's default (about half the cores)
+    seed: int = 0
+    n_batch: int = 512
+    chat_format: str | None = None  # a llama-cpp chat format name; None: the GGUF's template
+    # llama.cpp's extra weight buffers (repacking, AMX). None: on, except where the build uses
+    # AMX, whose mat-mul crashes on Gemma 3's Q4_K weights (ggml_backend_amx_mul_mat SIGSEGV)
+    extra_buffers: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How to sample one completion; `seed` None keeps the engine's generator running."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """One request's timings; TTFT counts from arrival (queue included), like vLLM's."""
+
+    queue_ms: float  # arrival -> generation started
+    prefill_ms: float  # generation started -> first token (prompt evaluation + one sample)
+    ttft_ms: float  # arrival -> first token
+    decode_ms: float  # first token -> last token
+    total_ms: float  # arrival -> finished
+    tokens_per_s: float  # decode rate: tokens after the first / decode time
+    prompt_tokens: int
+    completion_tokens: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    finish_reason: str  # "stop" (eos or a stop sequence), "length", "cancelled" or "error"
+    timings: Timings
+    error: str | None = None
+
+
+Event = Piece | Finished
+
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Job:
+    """One queued generation; iterate `events()` once; `cancel()` stops it wherever it is."""
+
+    prompt: tuple[int, ...]
+    sampling: Sampling
+    seed: int = 0
+    arrived: float = field(default_factory=time.perf_counter)
+    id: int = field(default_factory=lambda: next(_ids))
+    state: str = "queued"  # then "running", then "done"
+    _cancel: threading.Event = field(default_factory=threading.Event)
+    _on_cancel: Callable[[Job], None] | None = None
+    _queue: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+
+    def cancel(self) -> None:
+        """Stop it: a queued job leaves the queue at once, a running one after its token."""
+        if self._cancel.is_set():
+            return
+        self._cancel.set()
+        if self._on_cancel is not None:
+            self._on_cancel(self)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    async def events(self) -> AsyncIterator[Event]:
+        while True:
+            event = await self._queue.get()
+            yield event
+            if isinstance(event, Finished):
+                return
+
+
+class EngineObserver:
+    """Hooks the worker's metrics hang on; the default does nothing."""
+
+    def queued(self, depth: int) -> None: ...
+    def started(self, job: Job, queue_s: float) -> None: ...
+    def finished(self, job: Job, event: Finished) -> None: ...
+
+
+class LlamaCppEngine:
+    """A loaded GGUF model and its FIFO queue. Thread-safe to submit from the event loop."""
+
+    def __init__(self, config: EngineConfig, observer: EngineObserver | None = None) -> None:
+        self.config = config
+        self.observer = observer or EngineObserver()
+        self._llama: Any = None
+        self._eog: Callable[[int], bool] = lambda token: False
+        self._chat: Any = None
+        self.load_error: str | None = None
+        self._jobs: asyncio.Queue[Job] | None = None
+        self._consumer: asyncio.Task[None] | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
+        self._rng = random.Random(config.seed)
+        self.waiting = 0
+        self.running = 0
+
+    # -- loading ---------------------------------------------------------------------------
+
+    @property
+    def loaded(self) -> bool:
+        return self._llama is not None
+
+    @property
+    def n_ctx(self) -> int:
+        return self.config.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return int(self._ready().n_vocab())
+
+    def load(self) -> None:
+        """Load the model (seconds for a real one); raises EngineNotReady naming the cause."""
+        path = Path(self.config.model_path)
+        if not path.is_file():
+            self.load_error = f"model file {str(path)!r} does not exist"
+            raise EngineNotReady(self.load_error)
+        try:
+            import llama_cpp
+        except ImportError:
+            self.load_error = "llama-cpp-python is not installed: pip install 'kairos[llm]'"
+            raise EngineNotReady(self.load_error) from None
+        kwargs: dict[str, Any] = {
+            "model_path": str(path),
+            "n_ctx": self.config.n_ctx,
+            "n_batch": min(self.config.n_batch, self.config.n_ctx),
+            "seed": self.config.seed,
+            "verbose": False,
+        }
+        if self.config.n_threads is not None:
+            kwargs["n_threads"] = self.config.n_threads
+            kwargs["n_threads_batch"] = self.config.n_threads
+        try:
+            with _model_params(_extra_buffers(llama_cpp, self.config.extra_buffers)):
+                llama = llama_cpp.Llama(**kwargs)
+        except (ValueError, RuntimeError) as error:
+            self.load_error = f"llama.cpp cannot load {str(path)!r}: {error}"
+            raise EngineNotReady(self.load_error) from None
+        vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        self._eog = lambda token: bool(llama_cpp.llama_vocab_is_eog(vocab, token))
+        self._chat = _chat_formatter(llama, self.config.chat_format)
+        self._llama = llama
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.cancel()
+        self._thread.shutdown(wait=True, cancel_futures=True)
+        if self._llama is not None:
+            self._llama.close()
+            self._llama = None
+
+    # -- tokens ----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids with the model's own tokenizer (`special`: parse `<tokens>` in the text)."""
+        llama = self._ready()
+        return list(llama.tokenize(text.encode(), add_bos=add_bos, special=special))
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return bytes(self._ready().detokenize(list(tokens))).decode("utf-8", errors="replace")
+
+    def chat_prompt(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """Render messages with the model's chat template and tokenize the result.
+
+        The template's special tokens (`<start_of_turn>`...) are parsed as tokens; generation
+        ends on the model's end-of-generation tokens (EOS, end-of-turn), not on stop strings.
+        """
+        llama = self._ready()
+        try:
+            prompt = str(self._chat(messages=list(messages)).prompt)
+        except Exception as error:  # a template may refuse a conversation (e.g. roles' order)
+            raise LLMRequestError(
+                f"the model's chat template refused these messages: {error}", param="messages"
+            ) from None
+        # templates write the BOS text themselves; tokenizing must not add a second one
+        bos = _token_text(llama, llama.token_bos())
+        return self.tokenize(prompt, add_bos=not (bos and prompt.startswith(bos)), special=True)
+
+    def fit(self, prompt: Sequence[int], max_tokens: int, field_name: str) -> int:
+        """Clamp max_tokens so prompt + output fit the context; refuse a prompt that fills it."""
+        room = self.config.n_ctx - len(prompt)
+        if room < 1:
+            raise ContextOverflow(
+                f"{field_name} is {len(prompt)} tokens; this model's context holds "
+                f"{self.config.n_ctx}: shorten it to at most {self.config.n_ctx - 1} tokens",
+                param=field_name,
+            )
+        return min(max_tokens, room)
+
+    # -- the queue -------------------------------------------------------------------------
+
+    def submit(self, prompt: Sequence[int], sampling: Sampling) -> Job:
+        """Queue a generation behind every earlier one; must be called on the event loop."""
+        self._ready()
+        if self._jobs is None:
+            self._jobs = asyncio.Queue()
+            self._consumer = asyncio.get_running_loop().create_task(self._consume(self._jobs))
+        # without a seed each request draws one from the engine's seeded generator, so answers
+        # vary between requests yet a worker's sequence is reproducible
+        job = Job(tuple(prompt), sampling, seed=self._rng.randrange(1 << 31))
+        job._on_cancel = self._drop
+        self.waiting += 1
+        self.observer.queued(self.waiting)
+        self._jobs.put_nowait(job)
+        return job
+
+    async def _consume(self, jobs: asyncio.Queue[Job]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            job = await jobs.get()
+            if job.state != "queued":  # cancelled while it waited: already accounted for
+                continue
+            job.state = "running"
+            self.waiting -= 1
+            self.observer.queued(self.waiting)
+            self.running += 1
+            try:
+                await loop.run_in_executor(self._thread, self._generate, job, loop)
+            finally:
+                self.running -= 1
+                job.state = "done"
+
+    def _drop(self, job: Job) -> None:
+        """A queued job's client left: take it out of the count now; the consumer skips it."""
+        if job.state == "queued":
+            job.state = "done"
+            self.waiting -= 1
+            self.observer.queued(self.waiting)
+            self._finish(job, _cancelled(job))
+
+    def _finish(self, job: Job, event: Finished) -> None:
+        self.observer.finished(job, event)
+        job._queue.put_nowait(event)
+
+    def _generate(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
+        """Runs on the generation thread: sample tokens and hand each piece to the loop."""
+        started = time.perf_counter()
+        loop.call_soon_threadsafe(self.observer.started, job, started - job.arrived)
+        llama, sampling = self._llama, job.sampling
+        llama.set_seed(sampling.seed if sampling.seed is not None else job.seed)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stops = StopMatcher(sampling.stop)
+        first: float | None = None
+        count, reason, error = 0, "length", None
+        try:
+            tokens = llama.generate(
+                list(job.prompt),
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+                min_p=sampling.min_p,
+                temp=sampling.temperature,
+                repeat_penalty=sampling.repeat_penalty,
+                frequency_penalty=sampling.frequency_penalty,
+                presence_penalty=sampling.presence_penalty,
+                reset=True,
+            )
+            for token in tokens:
+                if first is None:
+                    first = time.perf_counter()
+                count += 1
+                if job.cancelled:
+                    reason = "cancelled"
+                    break
+                if self._eog(token) and not sampling.ignore_eos:
+                    reason = "stop"
+                    break
+                text = decoder.decode(bytes(llama.detokenize([token])))
+                piece, stopped = stops.feed(text)
+                if piece:
+                    loop.call_soon_threadsafe(job._queue.put_nowait, Piece(piece))
+                if stopped:
+                    reason = "stop"
+                    break
+                if count >= sampling.max_tokens:
+                    break
+            with contextlib.suppress(Exception):
+                tokens.close()
+        except Exception as failure:
+            reason, error = "error", f"llama.cpp failed while generating: {failure}"
+        if reason != "cancelled":
+            rest = stops.flush() if reason != "stop" else ""
+            if rest:
+                loop.call_soon_threadsafe(job._queue.put_nowait, Piece(rest))
+        done = time.perf_counter()
+        first = first or done
+        decode_s = done - first
+        timings = Timings(
+            queue_ms=(started - job.arrived) * 1e3,
+            prefill_ms=(first - started) * 1e3,
+            ttft_ms=(first - job.arrived) * 1e3,
+            decode_ms=decode_s * 1e3,
+            total_ms=(done - job.arrived) * 1e3,
+            tokens_per_s=(count - 1) / decode_s if count > 1 and decode_s > 0 else 0.0,
+            prompt_tokens=len(job.prompt),
+            completion_tokens=count,
+        )
+        loop.call_soon_threadsafe(self._finish, job, Finished(reason, timings, error))
+
+    def _ready(self) -> Any:
+        if self._llama is None:
+            raise EngineNotReady(self.load_error or "the model is still loading; retry shortly")
+        return self._llama
+
+
+_PARAMS_LOCK = threading.Lock()
+
+
+def _extra_buffers(llama_cpp: Any, wanted: bool | None) -> bool:
+    if wanted is not None:
+        return wanted
+    return b"AMX_INT8 = 1" not in bytes(llama_cpp.llama_print_system_info())
+
+
+@contextlib.contextmanager
+def _model_params(extra_buffers: bool) -> Iterator[None]:
+    """Load with `use_extra_bufts` set: `Llama()` has no argument for it, so its default-params
+    function is wrapped for the duration of the load (under a lock: it is module state)."""
+    module: Any = importlib.import_module("llama_cpp.llama")
+    if extra_buffers:
+        yield
+        return
+    with _PARAMS_LOCK:
+        original = module.llama_cpp.llama_model_default_params
+
+        def params() -> Any:
+            value = original()
+            value.use_extra_bufts = False
+            return value
+
+        module.llama_cpp.llama_model_default_params = params
+        try:
+            yield
+        finally:
+            module.llama_cpp.llama_model_default_params = original
+
+
+def _cancelled(job: Job) -> Finished:
+    waited = (time.perf_counter() - job.arrived) * 1e3
+    return Finished("cancelled", Timings(waited, 0.0, 0.0, 0.0, waited, 0.0, len(job.prompt), 0))
+
+
+def _chat_formatter(llama: Any, chat_format: str | None) -> Callable[..., Any]:
+    """The model's own Jinja chat template from its GGUF metadata, else a named llama-cpp one."""
+    from llama_cpp import llama_chat_format
+
+    template = llama.metadata.get("tokenizer.chat_template")
+    if chat_format is None and template:
+        return llama_chat_format.Jinja2ChatFormatter(
+            template=template,
+            eos_token=_token_text(llama, llama.token_eos()),
+            bos_token=_token_text(llama, llama.token_bos()),
+            add_generation_prompt=True,
+        )
+    # a GGUF without a template (Gemma 3 270M's has none) gets its family's format
+    family = str(llama.metadata.get("general.architecture", ""))
+    name = chat_format or next(
+        (fmt for prefix, fmt in _FAMILY_FORMATS if family.startswith(prefix)), "chatml"
+    )
+    formatter = getattr(llama_chat_format, "format_" + name.replace("-", "_"), None) or getattr(
+        llama_chat_format, "format_" + name.replace("-", "").replace("_", ""), None
+    )
+    if formatter is None:
+        raise EngineNotReady(
+            f"unknown chat format {name!r}: use one of llama-cpp-python's format names "
+            "(chatml, llama2, gemma, mistral_instruct, ...), or omit it for the model's own"
+        )
+    return formatter  # type: ignore[no-any-return]
+
+
+_FAMILY_FORMATS = (("gemma", "gemma"), ("llama", "llama2"), ("mistral", "mistral_instruct"))
+
+
+def _token_text(llama: Any, token: int) -> str:
+    return str(llama._model.token_get_text(token)) if token >= 0 else ""
