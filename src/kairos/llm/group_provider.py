@@ -1,0 +1,94 @@
+"""A deployment group as one gateway provider: each call goes to the group's ready replica with
+the fewest outstanding requests, so the gateway's keys, budgets and ledger apply to it.
+
+    group = DeploymentGroup(spec); await group.start()
+    config = GatewayConfig.from_mapping({**settings, **gateway_entries(group.name)})
+    gateway = Gateway(config, providers={group.name: DeploymentProvider(group)})
+
+It satisfies `kairos.gateway.providers.Provider` structurally; the gateway's own OpenAI client
+does the HTTP (its errors are the gateway's `UpstreamError`s, so failover and breakers work).
+The gateway is imported only when a call is made: importing this module does no work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kairos.llm.errors import DeploymentError
+from kairos.llm.supervisor import DeploymentGroup, Replica
+
+# The gateway validates a provider's base_url; calls never use this one (replicas are picked
+# per call), so it is a reserved, unroutable name.
+PLACEHOLDER_URL = "http://kairos-deployment.invalid/v1"
+
+
+def gateway_entries(name: str, **deployment: Any) -> dict[str, Any]:
+    """The `providers` and `models` entries that make group `name` one gateway model group.
+
+    `deployment` adds settings to the group's one deployment (price, timeout...).
+    """
+    return {
+        "providers": {name: {"kind": "openai", "base_url": PLACEHOLDER_URL}},
+        "models": {name: {"deployments": [{"provider": name, "model": name, **deployment}]}},
+    }
+
+
+class DeploymentProvider:
+    """Routes each gateway call to one replica of a DeploymentGroup (least outstanding)."""
+
+    kinds = frozenset({"chat", "completion"})
+
+    def __init__(self, group: DeploymentGroup, *, name: str | None = None) -> None:
+        self.name = name or group.name
+        self.group = group
+        self._upstreams: dict[str, Any] = {}  # replica URL -> the gateway's OpenAI client
+
+    def __repr__(self) -> str:
+        return f"DeploymentProvider({self.name!r}, {len(self.group.urls)} ready)"
+
+    def _upstream(self, replica: Replica) -> Any:
+        from kairos.gateway.config import ProviderConfig
+        from kairos.gateway.providers import OpenAICompatible
+
+        client = self._upstreams.get(replica.url)
+        if client is None:
+            config = ProviderConfig(self.name, "openai", replica.url + "/v1")
+            client = self._upstreams[replica.url] = OpenAICompatible(config)
+        return client
+
+    def _unavailable(self, error: DeploymentError) -> Exception:
+        from kairos.gateway.errors import UpstreamError
+
+        return UpstreamError(str(error), status=503, retryable=True, reached=False)
+
+    async def send(self, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        try:
+            lease = self.group.lease()
+            replica = await lease.__aenter__()
+        except DeploymentError as error:
+            raise self._unavailable(error) from None
+        try:
+            reply: dict[str, Any] = await self._upstream(replica).send(kind, body, timeout)
+            return reply
+        finally:
+            await lease.__aexit__(None, None, None)
+
+    async def stream(
+        self, kind: str, body: dict[str, Any], timeout: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        try:
+            lease = self.group.lease()
+            replica = await lease.__aenter__()
+        except DeploymentError as error:
+            raise self._unavailable(error) from None
+        try:
+            async for chunk in self._upstream(replica).stream(kind, body, timeout):
+                yield chunk
+        finally:
+            await lease.__aexit__(None, None, None)
+
+    async def close(self) -> None:
+        for client in self._upstreams.values():
+            await client.close()
+        self._upstreams.clear()
