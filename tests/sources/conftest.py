@@ -8,6 +8,7 @@ import sqlite3
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,14 +87,16 @@ class Backend:
 
 def _open_sqlite_connections(path: Path) -> list[str]:
     found = []
-    for thing in gc.get_objects():
-        if isinstance(thing, sqlite3.Connection):
-            try:
-                files = thing.execute("pragma database_list").fetchall()
-            except sqlite3.ProgrammingError:  # closed
-                continue
-            if any(row[2] == str(path) for row in files):
-                found.append(f"open connection to {path.name}")
+    with warnings.catch_warnings():  # some objects (torch's) warn when their class is read
+        warnings.simplefilter("ignore")
+        connections = [t for t in gc.get_objects() if isinstance(t, sqlite3.Connection)]
+    for connection in connections:
+        try:
+            files = connection.execute("pragma database_list").fetchall()
+        except sqlite3.ProgrammingError:  # closed
+            continue
+        if any(row[2] == str(path) for row in files):
+            found.append(f"open connection to {path.name}")
     return found
 
 
