@@ -6,6 +6,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from kairos.gateway import Gateway, GatewayConfig
 from kairos.llm.deploy import DeploymentSpec
 from kairos.llm.group_provider import DeploymentProvider, gateway_entries
@@ -39,7 +41,10 @@ def test_gateway_calls_reach_the_least_busy_replica_and_are_billed(
                 stream = await gateway.chat(key, {"model": "tiny", "max_tokens": 2,
                     "messages": [{"role": "user", "content": "a"}], "stream": True,
                     "ignore_eos": True})  # fmt: skip
-                chunks = [c async for c in stream]  # type: ignore[union-attr]
+                chunks = [  # the gateway hands chunks on as dicts or as their JSON bytes
+                    c if isinstance(c, dict) else orjson.loads(c)
+                    async for c in stream  # type: ignore[union-attr]
+                ]
                 await stream.wait()  # type: ignore[union-attr]
                 rows = await gateway.usage()
                 # tokens each replica generated beyond its 1-token readiness probe

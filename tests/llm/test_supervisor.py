@@ -171,3 +171,20 @@ def test_sustained_queueing_grows_to_max_and_idleness_shrinks_back(
             assert (await complete(group))["usage"]["completion_tokens"] == 4
 
     asyncio.run(run())
+
+
+def test_a_hung_replica_is_replaced(tiny_model: Path, tmp_path: Path) -> None:
+    async def run() -> None:
+        settings = spec(tiny_model, unresponsive_after=1.0)
+        async with DeploymentGroup(settings, log_dir=tmp_path) as group:
+            [replica] = group.replicas
+            assert replica.process is not None
+            old_pid = replica.process.pid
+            os.kill(old_pid, signal.SIGSTOP)  # alive, but answers nothing
+            await wait_for(lambda: replica.restarts == 1, 10, "the hung replica to be killed")
+            assert any("has not answered" in e for e in group.events)
+            await wait_for(lambda: replica.state == "ready", 30, "its replacement")
+            assert gone(old_pid) and replica.process.pid != old_pid
+            assert (await complete(group))["usage"]["completion_tokens"] == 4
+
+    asyncio.run(run())

@@ -67,6 +67,7 @@ class DeploymentSpec:
     scale_up_after: float = 5.0  # requests must keep waiting this long before one is added
     scale_down_after: float = 60.0  # the group must be idle this long before one is removed
     drain_timeout: float = 60.0  # in-flight requests may run this long after a stop
+    unresponsive_after: float = 30.0  # a ready replica silent on /metrics this long is replaced
     max_failures: int = 3  # a replica that fails to start this many times in a row is given up
     env: tuple[tuple[str, str], ...] = field(default=())  # extra environment for every replica
 

@@ -74,9 +74,8 @@ class DeploymentProvider:
         finally:
             await lease.__aexit__(None, None, None)
 
-    async def stream(
-        self, kind: str, body: dict[str, Any], timeout: float
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, kind: str, body: dict[str, Any], timeout: float) -> AsyncIterator[Any]:
+        # chunks pass through as the gateway's own client yields them (dicts or raw JSON bytes)
         try:
             lease = self.group.lease()
             replica = await lease.__aenter__()

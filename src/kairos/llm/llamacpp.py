@@ -150,6 +150,7 @@ class LlamaCppEngine:
         self._consumer: asyncio.Task[None] | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
         self._rng = random.Random(config.seed)
+        self._current: Job | None = None
         self.waiting = 0
         self.running = 0
 
@@ -200,6 +201,9 @@ class LlamaCppEngine:
         self._llama = llama
 
     def close(self) -> None:
+        """Stop: the running generation is cancelled (after its current token), then freed."""
+        if self._current is not None:
+            self._current.cancel()
         if self._consumer is not None:
             self._consumer.cancel()
         self._thread.shutdown(wait=True, cancel_futures=True)
@@ -272,10 +276,12 @@ class LlamaCppEngine:
             self.waiting -= 1
             self.observer.queued(self.waiting)
             self.running += 1
+            self._current = job
             try:
                 await loop.run_in_executor(self._thread, self._generate, job, loop)
             finally:
                 self.running -= 1
+                self._current = None
                 job.state = "done"
 
     def _drop(self, job: Job) -> None:

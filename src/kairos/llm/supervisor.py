@@ -53,6 +53,7 @@ class Replica:
     running: int = 0
     restarts: int = 0
     failures: int = 0  # failed starts in a row
+    last_seen: float = 0.0  # monotonic time of its last answer to /metrics
     log_path: Path = Path()
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _log: IO[bytes] | None = field(default=None, repr=False)
@@ -217,6 +218,7 @@ class DeploymentGroup:
             if await self._serves(replica):
                 replica.state = READY
                 replica.failures = 0
+                replica.last_seen = time.monotonic()
                 self._emit(f"replica {replica.index} of {self.name!r} ready on {replica.url} "
                            f"in {time.monotonic() - began:.1f}s")  # fmt: skip
                 return True
@@ -286,21 +288,26 @@ class DeploymentGroup:
         while True:
             await asyncio.sleep(self.spec.poll_interval)
             for replica in list(self.replicas):
-                if (
-                    replica.state == READY
-                    and replica.process
-                    and replica.process.poll() is not None
-                ):
+                process = replica.process
+                if replica.state == READY and process and process.poll() is not None:
                     self._restart(replica)
             await asyncio.gather(*(self._read_load(r) for r in self.ready))
-            self._autoscale(time.monotonic())
+            now = time.monotonic()
+            for replica in self.ready:
+                silent = now - replica.last_seen
+                if silent > self.spec.unresponsive_after:  # alive but hung: replace it
+                    self._emit(f"replica {replica.index} of {self.name!r} has not answered "
+                               f"for {silent:.0f}s; killing it")  # fmt: skip
+                    await asyncio.to_thread(_stop_process, replica.process, 0)
+                    self._restart(replica)
+            self._autoscale(now)
 
     def _restart(self, replica: Replica) -> None:
         code = replica.process.returncode if replica.process else None
         replica.restarts += 1
         self._emit(f"replica {replica.index} of {self.name!r} exited with code {code}; "
                    f"restarting (restart {replica.restarts})")  # fmt: skip
-        replica.outstanding = replica.waiting = replica.running = 0
+        replica.waiting = replica.running = 0  # leases still open end (and count down) on their own
         self._launch(replica)
         self._spawn(self._keep_trying(replica))
 
@@ -321,6 +328,7 @@ class DeploymentGroup:
             response = await self._http.get(replica.url + "/metrics", timeout=2.0)
         except httpx.HTTPError:
             return
+        replica.last_seen = time.monotonic()
         kind = self.spec.kind
         waiting = running = 0.0
         for family in text_string_to_metric_families(response.text):
