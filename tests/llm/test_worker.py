@@ -152,6 +152,13 @@ def test_bad_input_is_a_4xx_naming_the_field(
     assert "Traceback" not in answer.text
 
 
+def test_unknown_routes_and_methods_answer_json(worker: str) -> None:
+    missing = httpx.post(worker + "/v1/embeddings", json={"input": "x"})
+    assert missing.status_code == 404 and "/v1/completions" in missing.json()["error"]["message"]
+    wrong = httpx.get(worker + "/v1/completions")
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+
+
 def test_a_body_that_is_not_json_is_a_400(worker: str) -> None:
     answer = httpx.post(worker + "/v1/completions", content=b"{nope")
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "body"

@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -78,7 +79,8 @@ class Worker:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
         ]
-        return Starlette(routes=routes, lifespan=self._lifespan)
+        handlers = {HTTPException: _http_error}
+        return Starlette(routes=routes, lifespan=self._lifespan, exception_handlers=handlers)
 
     @asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -315,6 +317,16 @@ def _event(body: dict[str, Any]) -> bytes:
 
 def _json(body: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    """Unknown paths and wrong methods answer JSON too, naming what exists."""
+    status = error.status_code if isinstance(error, HTTPException) else 500
+    routes = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize"
+    message = f"{request.method} {request.url.path} is not served here; try {routes}"
+    body = {"message": message, "type": "invalid_request_error", "param": None,
+            "code": "not_found" if status == 404 else "method_not_allowed"}  # fmt: skip
+    return _json({"error": body}, status)
 
 
 def _error(error: LLMRequestError | EngineNotReady) -> Response:
