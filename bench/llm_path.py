@@ -9,7 +9,8 @@ All in one run, on the same model (default: Gemma 3 270M Q4_K_M from the
 - single request: TTFT and decode tokens/s with the prompt sent (a) directly to
   llama-cpp-python in this process (`Llama.generate`, the floor) and (b) to a kairos worker
   process over HTTP (a streamed `/v1/completions`, measured at the client: TTFT to the first
-  content chunk, decode rate over the chunks after it). Each repetition uses a fresh prompt
+  content chunk, decode rate over the chunks after it; also the worker's own `kairos_timings`,
+  which leave out HTTP and the client). Each repetition uses a fresh prompt
   (a distinct first word), so neither side gets llama.cpp's prompt-prefix cache. Medians.
 - throughput: 4 concurrent clients, each sending `--requests` completions of `--tokens` tokens
   back to back, through a DeploymentGroup of 1 and then 2 replicas (least-outstanding picks);
@@ -70,13 +71,18 @@ def direct(model: str, ctx: int, tokens: int, repeats: int) -> tuple[float, floa
     return statistics.median(ttfts), statistics.median(rates)
 
 
-async def through_worker(url: str, name: str, tokens: int, repeats: int) -> tuple[float, float]:
-    """Median TTFT (ms) and decode tokens/s of a streamed completion, seen by the client."""
-    ttfts, rates = [], []
+async def through_worker(
+    url: str, name: str, tokens: int, repeats: int
+) -> tuple[float, float, float, float]:
+    """Median TTFT (ms) and decode tokens/s of a streamed completion, seen by the client, then
+    the same two as the worker measured them (its `kairos_timings`: arrival to first token)."""
+    ttfts, rates, server_ttfts, server_rates = [], [], [], []
     async with httpx.AsyncClient(timeout=300) as client:
         for i in range(repeats + 1):
             body = {"model": name, "prompt": prompt(i), "max_tokens": tokens, "temperature": 0,
-                    "ignore_eos": True, "stream": True}  # fmt: skip
+                    "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True}}  # fmt: skip
+            timings: dict[str, float] = {}
             started = time.perf_counter()
             stamps = []
             async with client.stream("POST", url + "/v1/completions", json=body) as response:
@@ -85,11 +91,16 @@ async def through_worker(url: str, name: str, tokens: int, repeats: int) -> tupl
                         chunk = orjson.loads(line[6:])
                         if chunk["choices"] and chunk["choices"][0]["text"]:
                             stamps.append(time.perf_counter())
+                        elif not chunk["choices"]:
+                            timings = chunk["kairos_timings"]
             if i:
                 ttfts.append((stamps[0] - started) * 1e3)
                 # chunks carry text per token; a token that completes no character sends none
                 rates.append((tokens - 1) / (stamps[-1] - stamps[0]))
-    return statistics.median(ttfts), statistics.median(rates)
+                server_ttfts.append(timings["ttft_ms"])
+                server_rates.append(timings["tokens_per_s"])
+    median = statistics.median
+    return median(ttfts), median(rates), median(server_ttfts), median(server_rates)
 
 
 async def throughput(group: DeploymentGroup, clients: int, requests: int, tokens: int) -> float:
@@ -136,17 +147,18 @@ def main() -> int:
     floor_ttft, floor_rate = direct(args.model, args.ctx, args.tokens, args.repeats)
     spec = DeploymentSpec(name=name, model=args.model, replicas=1, ctx=args.ctx, threads=1)
 
-    async def single() -> tuple[float, float]:
+    async def single() -> tuple[float, float, float, float]:
         async with DeploymentGroup(spec, log_dir=tempfile.mkdtemp(prefix="bench-llm-")) as g:
             return await through_worker(g.urls[0], name, args.tokens, args.repeats)
 
-    worker_ttft, worker_rate = asyncio.run(single())
+    worker_ttft, worker_rate, inside_ttft, inside_rate = asyncio.run(single())
     one = asyncio.run(replicas(args.model, name, args.ctx, 1, args))
     two = asyncio.run(replicas(args.model, name, args.ctx, 2, args))
 
     print(f"model {name}, ctx {args.ctx}, {args.tokens} tokens per request, 1 thread per engine")
     print(f"{'single request':<34}{'TTFT ms':>10}{'decode tok/s':>14}")
     print(f"{'llama-cpp-python in process':<34}{floor_ttft:>10.1f}{floor_rate:>14.1f}")
+    print(f"{'kairos worker, inside (timings)':<34}{inside_ttft:>10.1f}{inside_rate:>14.1f}")
     print(f"{'kairos worker over HTTP':<34}{worker_ttft:>10.1f}{worker_rate:>14.1f}")
     print(f"{'  worker vs direct':<34}{worker_ttft / floor_ttft - 1:>+10.1%}"
           f"{worker_rate / floor_rate - 1:>+14.1%}")  # fmt: skip
