@@ -191,16 +191,14 @@ class AnthropicProvider:
         except (AttributeError, TypeError, ValueError):
             raise UpstreamError(f"provider {self.name!r} sent a malformed message") from None
 
-    async def stream(
-        self, kind: str, body: dict[str, Any], timeout: float
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, kind: str, body: dict[str, Any], timeout: float) -> AsyncIterator[bytes]:
         url = self._url(kind)
         payload = {**to_anthropic(body), "stream": True}
         response = await post(self._client, self.config, url, self._headers, payload, timeout)
         chunks = chunks_from_anthropic(event_stream(self.config, response), self.name)
         try:
             async for chunk in chunks:
-                yield chunk
+                yield orjson.dumps(chunk)
         except UpstreamError as error:
             error.accepted = True
             raise

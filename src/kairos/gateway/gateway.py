@@ -20,7 +20,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kairos.gateway import requests
+import orjson
+
+from kairos.gateway import requests, sse
 from kairos.gateway.accounting import Accountant, Hold, Settlement, input_bound
 from kairos.gateway.config import Deployment, GatewayConfig
 from kairos.gateway.counters import Counters, counters_from_url
@@ -36,7 +38,7 @@ from kairos.gateway.errors import (
 from kairos.gateway.keys import KeyRecord, key_id, key_spec, new_key
 from kairos.gateway.ledger import LedgerRow, LedgerWriter
 from kairos.gateway.prices import Price
-from kairos.gateway.providers import Provider, Usage, openai_usage, provider_for
+from kairos.gateway.providers import Provider, Usage, chunk_usage, openai_usage, provider_for
 from kairos.gateway.registry import Registry, registry_from_url
 from kairos.gateway.router import Router
 
@@ -45,7 +47,9 @@ _TOKEN_FIELD = {"chat": "max_tokens", "completion": "max_tokens"}
 
 
 class Stream:
-    """A streamed call's chunks (OpenAI chunk objects) as the client reads them.
+    """A streamed call's chunks as the client reads them: `async for chunk in stream` gives
+    OpenAI chunk objects; `stream.frames()` gives the same as SSE frames, passed through as
+    the provider sent them (no decoding and encoding per chunk).
 
     A task of its own reads the upstream, so a client that goes away does not stop it: the
     rest is read (at most `drain` seconds more) until the usage arrives, then the call is
@@ -54,8 +58,8 @@ class Stream:
 
     def __init__(
         self,
-        first: dict[str, Any],
-        upstream: AsyncIterator[dict[str, Any]],
+        first: bytes,
+        upstream: AsyncIterator[bytes],
         *,
         include_usage: bool,
         drain: float,
@@ -65,7 +69,7 @@ class Stream:
         self.request_id = request_id
         self.include_usage = include_usage
         self._drain = drain
-        self._queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[bytes | dict[str, Any] | None] = asyncio.Queue()
         self._client_gone = False
         self.delivered = False  # the client read every chunk
         self._deadline: asyncio.Timeout | None = None
@@ -73,11 +77,11 @@ class Stream:
 
     async def _pump(
         self,
-        first: dict[str, Any],
-        upstream: AsyncIterator[dict[str, Any]],
+        first: bytes,
+        upstream: AsyncIterator[bytes],
         on_end: Callable[[Usage | None, str], Awaitable[None]],
     ) -> None:
-        usage = openai_usage(first)
+        usage = chunk_usage(first)
         status = "ok"
         self._queue.put_nowait(first)
         try:
@@ -86,7 +90,7 @@ class Stream:
                 if self._client_gone:
                     deadline.reschedule(asyncio.get_running_loop().time() + self._drain)
                 async for chunk in upstream:
-                    usage = openai_usage(chunk) or usage
+                    usage = chunk_usage(chunk) or usage
                     if not self._client_gone:
                         self._queue.put_nowait(chunk)
         except UpstreamError as error:
@@ -116,19 +120,58 @@ class Stream:
         if self._deadline is not None:
             self._deadline.reschedule(asyncio.get_running_loop().time() + self._drain)
 
-    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+    def _hidden(self, chunk: bytes) -> bool:
+        """The usage-only chunk the gateway asked for when the client did not."""
+        if self.include_usage or chunk_usage(chunk) is None:
+            return False
+        return not orjson.loads(chunk).get("choices")
+
+    async def _batches(self) -> AsyncIterator[list[bytes | dict[str, Any]]]:
+        """What has arrived, in batches: everything queued when the reader gets to it."""
         finished = False
+        queue = self._queue
         try:
-            while (chunk := await self._queue.get()) is not None:
-                if not self.include_usage:
-                    if not chunk.get("choices") and "usage" in chunk and "error" not in chunk:
-                        continue
-                    chunk.pop("usage", None)
-                yield chunk
+            while True:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                ended = batch[-1] is None
+                items = [
+                    item
+                    for item in (batch[:-1] if ended else batch)
+                    if item is not None and (isinstance(item, dict) or not self._hidden(item))
+                ]
+                if items:
+                    yield items
+                if ended:
+                    break
             finished = self.delivered = True
         finally:
             if not finished:
                 self.client_left()
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        async for batch in self._batches():
+            for item in batch:
+                if isinstance(item, dict):
+                    yield item
+                else:
+                    chunk = orjson.loads(item)
+                    if not self.include_usage:
+                        chunk.pop("usage", None)
+                    yield chunk
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        """Server-sent event frames (those that arrived together in one write), ending with
+        `data: [DONE]` unless an error came first."""
+        failed = False
+        async for batch in self._batches():
+            failed = failed or any(isinstance(item, dict) for item in batch)
+            yield b"".join(
+                sse.encode(item) if isinstance(item, dict) else sse.frame(item) for item in batch
+            )
+        if not failed:
+            yield sse.DONE
 
     async def wait(self) -> None:
         """Until the upstream is read, the call settled and logged."""

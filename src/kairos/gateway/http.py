@@ -120,8 +120,11 @@ class Response:
         try:
             while True:
                 try:
-                    async with asyncio.timeout(self._timeout):
-                        item = await body.get()
+                    if body.empty():  # only a wait needs a timer
+                        async with asyncio.timeout(self._timeout):
+                            item = await body.get()
+                    else:
+                        item = body.get_nowait()
                 except TimeoutError:
                     raise HTTPFailure(
                         f"no data from the upstream for {self._timeout:g}s",
@@ -140,16 +143,16 @@ class Response:
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self._chunks()])
 
-    async def lines(self) -> AsyncIterator[str]:
+    async def lines(self) -> AsyncIterator[bytes]:
         """The body's lines without their line ends (for server-sent events)."""
         pending = b""
         async for chunk in self._chunks():
             pending += chunk
             *complete, pending = pending.split(b"\n")
             for line in complete:
-                yield line.removesuffix(b"\r").decode()
+                yield line.removesuffix(b"\r")
         if pending:
-            yield pending.removesuffix(b"\r").decode()
+            yield pending.removesuffix(b"\r")
 
     def close(self) -> None:
         """Give the connection back when the body was read to its end, else drop it."""

@@ -26,6 +26,16 @@ class Usage:
     output_tokens: int
 
 
+def chunk_usage(raw: bytes) -> Usage | None:
+    """Usage in the JSON of a stream chunk, looking inside only when it may have one."""
+    if b'"usage"' not in raw or b'"usage":null' in raw or b'"usage": null' in raw:
+        return None
+    try:
+        return openai_usage(orjson.loads(raw))
+    except orjson.JSONDecodeError:
+        return None
+
+
 def openai_usage(body: Any) -> Usage | None:
     """Usage from an OpenAI reply or stream chunk, when it carries one."""
     usage = body.get("usage") if isinstance(body, dict) else None
@@ -43,11 +53,10 @@ class Provider(Protocol):
         """One call answered whole (`body["model"]` is the upstream model)."""
         ...
 
-    def stream(
-        self, kind: str, body: dict[str, Any], timeout: float
-    ) -> AsyncIterator[dict[str, Any]]:
-        """A streamed call as OpenAI chunks; the last carries `usage` when it is known.
-        Raises UpstreamError (before or after the first chunk)."""
+    def stream(self, kind: str, body: dict[str, Any], timeout: float) -> AsyncIterator[bytes]:
+        """A streamed call as OpenAI chunks, each the JSON of one (passed on as is: no decoding
+        and encoding per chunk); the last carries `usage` when it is known. Raises
+        UpstreamError (before or after the first chunk)."""
         ...
 
     async def close(self) -> None: ...
@@ -169,34 +178,41 @@ class OpenAICompatible:
         response = await post(self._client, self.config, url, self._headers, body, timeout)
         return await json_reply(self.config, response)
 
-    async def stream(
-        self, kind: str, body: dict[str, Any], timeout: float
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, kind: str, body: dict[str, Any], timeout: float) -> AsyncIterator[bytes]:
         # usage is always asked for upstream: it is what the call is billed by
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         url = self._url(kind)
         response = await post(self._client, self.config, url, self._headers, body, timeout)
         events = event_stream(self.config, response)
+        done = False
         try:
             async for event in events:
-                if event.data.startswith("[DONE]"):
-                    break
-                try:
-                    chunk = orjson.loads(event.data)
-                except orjson.JSONDecodeError:
+                data = event.data
+                if done or data.startswith(b"[DONE]"):
+                    done = True  # read on to the body's end, so the connection can be reused
+                    continue
+                if not data.startswith(b"{"):
                     raise UpstreamError(
-                        f"provider {self.name!r} streamed an event that is not JSON",
+                        f"provider {self.name!r} streamed an event that is not a JSON object",
                         accepted=True,
-                    ) from None
-                if isinstance(chunk, dict) and chunk.get("error"):
-                    problem = chunk["error"]
-                    text = problem.get("message") if isinstance(problem, dict) else str(problem)
-                    raise UpstreamError(
-                        f"provider {self.name!r} failed mid-stream: {text}", accepted=True
                     )
-                yield chunk
+                if b'"error"' in data:
+                    self._raise_if_error(data)
+                yield data
         finally:
             await events.aclose()  # type: ignore[attr-defined]
+
+    def _raise_if_error(self, data: bytes) -> None:
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise UpstreamError(
+                f"provider {self.name!r} streamed an event that is not JSON", accepted=True
+            ) from None
+        problem = chunk.get("error") if isinstance(chunk, dict) else None
+        if problem:
+            text = problem.get("message") if isinstance(problem, dict) else str(problem)
+            raise UpstreamError(f"provider {self.name!r} failed mid-stream: {text}", accepted=True)
 
     async def close(self) -> None:
         await self._client.close()

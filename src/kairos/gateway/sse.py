@@ -12,24 +12,29 @@ import orjson
 @dataclass(frozen=True, slots=True)
 class Event:
     event: str | None
-    data: str
+    data: bytes
 
 
-async def events(lines: AsyncIterator[str]) -> AsyncIterator[Event]:
+async def events(lines: AsyncIterator[bytes]) -> AsyncIterator[Event]:
     """Events from the lines of an SSE body (comments and ids are skipped)."""
     name: str | None = None
-    data: list[str] = []
+    data: list[bytes] = []
     async for line in lines:
         if not line:
             if data:
-                yield Event(name, "\n".join(data))
+                yield Event(name, data[0] if len(data) == 1 else b"\n".join(data))
             name, data = None, []
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-        elif line.startswith("event:"):
-            name = line[6:].strip()
+        elif line.startswith(b"data:"):
+            data.append(line[5:].removeprefix(b" "))
+        elif line.startswith(b"event:"):
+            name = line[6:].strip().decode()
     if data:
-        yield Event(name, "\n".join(data))
+        yield Event(name, b"\n".join(data))
+
+
+def frame(payload: bytes) -> bytes:
+    """One SSE frame carrying JSON already encoded."""
+    return b"data: " + payload + b"\n\n"
 
 
 def encode(data: Any, event: str | None = None) -> bytes:

@@ -23,7 +23,6 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from kairos.gateway import sse
 from kairos.gateway.anthropic import chat_to_message, message_events, messages_to_chat
 from kairos.gateway.errors import GatewayError, InvalidRequest, Unauthenticated
 from kairos.gateway.gateway import Gateway, Stream
@@ -187,15 +186,7 @@ class GatewayServer:
         if not isinstance(reply, Stream):
             return _json(reply)
 
-        async def frames() -> AsyncIterator[bytes]:
-            failed = False
-            async for chunk in reply:
-                failed = failed or "error" in chunk
-                yield sse.encode(chunk)
-            if not failed:
-                yield sse.DONE
-
-        return _SSEResponse(frames(), reply)
+        return _SSEResponse(reply.frames(), reply)
 
     # --- Anthropic route -------------------------------------------------------------------
 
