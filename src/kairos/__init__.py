@@ -22,6 +22,7 @@ from kairos.definitions import (
     feature,
     features,
     if_then_else,
+    predict,
     windowed,
 )
 from kairos.definitions.completion import completion, completion_usage, embedding, message
@@ -81,5 +82,6 @@ __all__ = [
     "message",
     "offline",
     "online",
+    "predict",
     "windowed",
 ]

@@ -21,6 +21,7 @@ from kairos.client.config import Config
 from kairos.client.events import event_class, foreign_keys, persist, stored_events, typed_events
 from kairos.client.inputs import check_inputs
 from kairos.client.llm import GatewayCompleter
+from kairos.client.models import Models
 from kairos.client.offline import Datasets, OfflineResult, offline_query
 from kairos.client.project import Project
 from kairos.definitions.durations import DurationLike, parse_duration
@@ -102,6 +103,8 @@ class Client:
         self.sources = {
             name: source_from_config(name, spec, base) for name, spec in self.config.sources.items()
         }
+        # `kr.predict` features become resolvers pinned to the model versions they resolve to.
+        self.models = Models(self)
         # `kr.completion` / `kr.embedding` features call the gateway, in process
         self.llm = GatewayCompleter(
             self.config.base_dir,
@@ -113,7 +116,9 @@ class Client:
             *self.project.resolvers,
             *llm_resolvers(self.graph, lambda: self.llm),
         )
-        self.resolvers = ResolverSet.build(self.graph, self.declared_resolvers, self.sources)
+        self.resolvers = ResolverSet.build(
+            self.graph, (*self.declared_resolvers, *self.models.resolvers()), self.sources
+        )
         timeout = (
             self.config.resolver_timeout
             if default_timeout is None
@@ -557,6 +562,7 @@ class Client:
         for source in self.sources.values():
             await source.close()
         await self.store.close()
+        await asyncio.to_thread(self.models.close)
         await self.llm.aclose()
 
     def close(self) -> None:

@@ -38,9 +38,11 @@ _KEYS = {
     "query_log",
     "resolver_timeout",
     "server",
+    "models",
     "llm",
     "gateway",  # read by kairos.gateway.GatewayConfig
 }
+_MODELS_KEYS = {"registry", "volume", "max_batch", "max_wait", "refresh"}
 _SERVER_KEYS = {"host", "port", "keys"}
 
 
@@ -61,6 +63,25 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     keys: tuple[str, ...] = field(default=(), repr=False)  # secrets: kept out of repr
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    """Where models are recorded and stored, and how predictors batch.
+
+    models:
+      registry: sqlite:///.kairos/models.db    # default; or postgresql://...
+      volume: .kairos/models                   # default; or any fsspec URL (s3://bucket/m)
+      max_batch: 1024                          # rows per model call
+      max_wait: 0ms                            # hold a batch open this long for more requests
+      refresh: 5s                              # how often aliases moved elsewhere are noticed
+    """
+
+    registry: str | None = None  # None: <project>/.kairos/models.db
+    volume: str | None = None  # None: <project>/.kairos/models
+    max_batch: int = 1024
+    max_wait: timedelta = timedelta(0)
+    refresh: timedelta = timedelta(seconds=5)
 
 
 @dataclass(frozen=True)
@@ -88,6 +109,7 @@ class Config:
     query_log: str = "none://"
     resolver_timeout: timedelta = timedelta(seconds=10)
     server: ServerConfig = field(default_factory=ServerConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
 
     @classmethod
@@ -141,6 +163,7 @@ class Config:
                 port=port,
                 keys=tuple(interpolate(k, f"{path} server.keys") for k in keys),
             ),
+            models=_models(raw.get("models") or {}, folder, path),
             llm=_llm(raw.get("llm") or {}, path),
         )
 
@@ -162,6 +185,26 @@ def _llm(raw: Any, path: Path) -> LLMConfig:
             raise KairosError(f"{path}: llm.key_env names {key_env}, which is not set")
         key = os.environ[key_env]
     return LLMConfig(key=key, tokenizers=dict(tokenizers))
+
+
+def _models(raw: Any, folder: Path, path: Path) -> ModelsConfig:
+    if not isinstance(raw, dict) or set(raw) - _MODELS_KEYS:
+        raise ProjectError(f"{path}: `models` takes {', '.join(sorted(_MODELS_KEYS))}")
+    batch = raw.get("max_batch", 1024)
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ProjectError(f"{path}: `models.max_batch` is a number of rows >= 1, got {batch!r}")
+    volume = raw.get("volume")
+    if volume is not None:
+        text = interpolate(str(volume), f"{path} models.volume")
+        volume = text if "://" in text or Path(text).is_absolute() else str(folder / text)
+    registry = raw.get("registry")
+    return ModelsConfig(
+        registry=None if registry is None else _url(registry, folder, path),
+        volume=volume,
+        max_batch=batch,
+        max_wait=parse_duration(raw.get("max_wait", 0), field=f"{path} models.max_wait"),
+        refresh=parse_duration(raw.get("refresh", "5s"), field=f"{path} models.refresh"),
+    )
 
 
 def _url(value: Any, folder: Path, path: Path) -> str:

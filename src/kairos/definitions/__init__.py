@@ -10,6 +10,7 @@ from kairos.definitions.feature import (
     windowed,
 )
 from kairos.definitions.graph import FeatureInfo, Graph
+from kairos.definitions.predict import ModelOptions, predict
 from kairos.definitions.types import (
     DataFrame,
     Features,
@@ -29,6 +30,7 @@ __all__ = [
     "Features",
     "Graph",
     "HasManyRef",
+    "ModelOptions",
     "Now",
     "Primary",
     "Windowed",
@@ -37,5 +39,6 @@ __all__ = [
     "feature",
     "features",
     "if_then_else",
+    "predict",
     "windowed",
 ]

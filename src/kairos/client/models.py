@@ -1,0 +1,307 @@
+"""`client.models`: register, version, alias, predict and batch-score models, and keep the
+project's `kr.predict` features bound to the versions their aliases point at.
+
+    v = client.models.register("risk", pipeline, aliases=["prod"], metadata={"auc": 0.91})
+    client.models.predict("risk", [{"amount": 12.0, "count": 3}], alias="prod")
+    client.models.set_alias("risk", "prod", 2); client.models.rollback("risk", "prod")
+    client.models.score("risk", "spine_features.parquet", output="scores.parquet")
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kairos.errors import InvalidInput
+from kairos.models.errors import UnknownModel
+from kairos.models.registry import AliasChange, ModelVersion, model_registry_from_url
+from kairos.models.schema import to_matrix
+from kairos.models.store import ModelStore
+from kairos.models.volume import ArtifactVolume
+from kairos.planner.planner import Planner
+from kairos.resolvers.model import ModelResolver, check_fit, model_features
+from kairos.resolvers.registry import ResolverSet
+
+if TYPE_CHECKING:
+    import pyarrow
+
+    from kairos.client.client import Client
+
+
+class Models:
+    """The client's model registry; every alias change re-binds `kr.predict` features."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        config = client.config.models
+        base = client.config.base_dir or Path.cwd()
+        registry = config.registry or f"sqlite:///{base / '.kairos' / 'models.db'}"
+        volume = config.volume or str(base / ".kairos" / "models")
+        self.store = ModelStore(
+            model_registry_from_url(registry),
+            ArtifactVolume(volume),
+            max_batch=config.max_batch,
+            max_wait=config.max_wait.total_seconds(),
+        )
+        self._refresh = config.refresh.total_seconds()
+        self._features = model_features(client.graph)
+        self._bound: dict[str, tuple[str, int] | None] = {}  # feature -> (model, version)
+        self._checked = time.monotonic()
+        self._checking = threading.Lock()
+
+    # --- the feature graph ------------------------------------------------------------------
+
+    def resolvers(self) -> list[ModelResolver]:
+        """One resolver per `kr.predict` feature, pinned to the version it resolves to now."""
+        made = []
+        bound: dict[str, tuple[str, int] | None] = {}
+        for output, options, inputs in self._features:
+            record = None
+            problem = None
+            try:
+                record = self.store.get(options.model, options.version, options.alias)
+                problem = check_fit(output, options, inputs, record)
+            except UnknownModel as error:
+                problem = f"{output.fqn}: {error}"
+            bound[output.fqn] = None if record is None else (record.name, record.version)
+            made.append(
+                ModelResolver(
+                    output,
+                    options,
+                    inputs,
+                    record,
+                    self.store.predictor_for,
+                    problem,
+                    self._touch if options.version is None else None,
+                )
+            )
+        self._bound = bound
+        self._checked = time.monotonic()
+        return made
+
+    def rebind(self) -> None:
+        """Build the resolvers and planner again, so new plans use the versions the aliases
+        point at now (queries already running finish on the version they started with)."""
+        if not self._features:
+            return
+        client = self._client
+        resolvers = ResolverSet.build(
+            client.graph, (*client.declared_resolvers, *self.resolvers()), client.sources
+        )
+        planner = Planner(client.graph, resolvers, default_timeout=client.planner.default_timeout)
+        client.resolvers, client.planner = resolvers, planner
+
+    def _touch(self) -> None:
+        """Called on every model run: at most every `refresh`, look (in a thread) whether an
+        alias moved in another process and re-bind if so."""
+        if time.monotonic() - self._checked < self._refresh or not self._checking.acquire(
+            blocking=False
+        ):
+            return
+        self._checked = time.monotonic()
+
+        def check() -> None:
+            try:
+                if self._moved():
+                    self.rebind()
+            finally:
+                self._checking.release()
+
+        threading.Thread(target=check, name="kairos-model-aliases", daemon=True).start()
+
+    def _moved(self) -> bool:
+        for output, options, _ in self._features:
+            try:
+                record = self.store.get(options.model, options.version, options.alias)
+                now: tuple[str, int] | None = (record.name, record.version)
+            except UnknownModel:
+                now = None
+            except Exception:  # a registry hiccup: keep serving what is bound
+                return False
+            if now != self._bound.get(output.fqn):
+                return True
+        return False
+
+    # --- the registry -------------------------------------------------------------------------
+
+    def register(
+        self,
+        name: str,
+        model: Any,
+        *,
+        aliases: Sequence[str] = (),
+        metadata: Mapping[str, Any] | None = None,
+        inputs: Sequence[str] | None = None,
+        output: str | None = None,
+        sample: Any = None,
+        files: Sequence[str | Path] = (),
+        allow_pickle: bool = False,
+    ) -> ModelVersion:
+        """Register the next version of `name`; the schema is inferred from the model.
+
+        `inputs` names its columns when the model does not; `output` is "probability"
+        (a classifier's default: P(classes[1]) when binary), "label" or "value"; `sample`
+        gives a few rows (needed for some torch modules); `files` go with a model defined by
+        your own class; pickle is used only with `allow_pickle=True`.
+
+        >>> client.models.register("risk", pipeline, aliases=["prod"])  # doctest: +SKIP
+        """
+        version = self.store.register(
+            name,
+            model,
+            aliases=aliases,
+            metadata=metadata,
+            inputs=inputs,
+            output=output,
+            sample=sample,
+            files=files,
+            allow_pickle=allow_pickle,
+        )
+        self._rebind_if_used(name)
+        return version
+
+    def get(self, name: str, version: int | None = None, alias: str | None = None) -> ModelVersion:
+        """One version (by number or alias; the newest when neither is given)."""
+        return self.store.get(name, version, alias)
+
+    def versions(self, name: str) -> list[ModelVersion]:
+        return self.store.versions(name)
+
+    def names(self) -> list[str]:
+        return self.store.names()
+
+    def aliases(self, name: str) -> dict[str, int]:
+        self.store.versions(name)  # unknown model -> UnknownModel
+        return self.store.registry.aliases(name)
+
+    def history(self, name: str, alias: str | None = None) -> list[AliasChange]:
+        """Every alias change of `name`, oldest first, each with its time."""
+        self.store.versions(name)
+        return self.store.registry.history(name, alias)
+
+    def set_alias(self, name: str, alias: str, version: int) -> AliasChange:
+        change = self.store.set_alias(name, alias, version)
+        self._rebind_if_used(name)
+        return change
+
+    def rollback(self, name: str, alias: str) -> AliasChange:
+        """Point `alias` back where it was before its latest move."""
+        change = self.store.rollback(name, alias)
+        self._rebind_if_used(name)
+        return change
+
+    def _rebind_if_used(self, name: str) -> None:
+        if any(options.model == name for _, options, _ in self._features):
+            self.rebind()
+
+    # --- serving ------------------------------------------------------------------------------
+
+    def predict(
+        self, name: str, rows: Any, *, version: int | None = None, alias: str | None = None
+    ) -> np.ndarray:
+        """Predictions for `rows` (objects keyed by input name, lists, Arrow, pandas or NumPy),
+        micro-batched with concurrent callers.
+
+        >>> client.models.predict("risk", [{"amount": 12.0, "count": 3}])  # doctest: +SKIP
+        """
+        _, predictor = self.store.predictor(name, version, alias)
+        return predictor.predict(rows)
+
+    async def predict_async(
+        self, name: str, rows: Any, *, version: int | None = None, alias: str | None = None
+    ) -> tuple[ModelVersion, np.ndarray]:
+        record, predictor = self.store.predictor(name, version, alias)
+        return record, await predictor.predict_async(rows)
+
+    def score(
+        self,
+        name: str,
+        data: Any,
+        *,
+        version: int | None = None,
+        alias: str | None = None,
+        inputs: Sequence[str] | Mapping[str, str] | None = None,
+        column: str = "prediction",
+        output: str | Path | None = None,
+    ) -> pyarrow.Table:
+        """Batch scoring: `data` (a Parquet path, an offline query result, an Arrow table, a
+        pandas DataFrame) with one more column of predictions, written to `output` (Parquet)
+        when given. `inputs` maps model inputs to columns (a list in model order, or a
+        mapping input -> column) when the names differ.
+
+        >>> client.models.score("risk", training, output="scores.parquet")  # doctest: +SKIP
+        """
+        import pyarrow
+        import pyarrow.parquet
+
+        record, predictor = self.store.predictor(name, version, alias)
+        table = _table(data)
+        schema = record.schema
+        if inputs is None:
+            names = {n: n for n in schema.inputs}
+        elif isinstance(inputs, Mapping):
+            names = {n: str(inputs.get(n, n)) for n in schema.inputs}
+        else:
+            if len(inputs) != schema.n_features:
+                raise InvalidInput(
+                    f"inputs lists {len(inputs)} columns; model {record.label} takes "
+                    f"{schema.n_features} ({schema.describe()})",
+                    field="inputs",
+                )
+            names = dict(zip(schema.inputs, map(str, inputs), strict=True))
+        missing = [c for c in names.values() if c not in table.column_names]
+        if missing:
+            raise InvalidInput(
+                f"the data has no column {', '.join(map(repr, missing))}; model {record.label} "
+                f"takes {schema.describe()} (map them with inputs=...); columns: "
+                f"{', '.join(table.column_names)}",
+                field="inputs",
+            )
+        selected = table.select(list(names.values())).rename_columns(list(names))
+        predictions = predictor.score(to_matrix(selected, schema))
+        if predictions.ndim == 1 and predictions.dtype.kind in "fiub":
+            values = pyarrow.array(predictions)
+        else:
+            values = pyarrow.array(predictions.tolist())
+        if column in table.column_names:
+            table = table.drop_columns([column])
+        scored = table.append_column(column, values)
+        scored = scored.replace_schema_metadata(
+            {**(scored.schema.metadata or {}), b"kairos.model": record.label.encode()}
+        )
+        if output is not None:
+            pyarrow.parquet.write_table(scored, str(output))
+        return scored
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _table(data: Any) -> pyarrow.Table:
+    import pyarrow
+    import pyarrow.parquet
+
+    if isinstance(data, str | Path):
+        path = Path(data)
+        if not path.exists():
+            raise InvalidInput(f"no file {str(path)!r} to score", field="data")
+        return pyarrow.parquet.read_table(str(path))
+    table = getattr(data, "table", None)  # an offline query result
+    if isinstance(table, pyarrow.Table):
+        return table
+    if isinstance(data, pyarrow.Table):
+        return data
+    if type(data).__module__.startswith("pandas"):
+        return pyarrow.Table.from_pandas(data, preserve_index=False)
+    if isinstance(data, Mapping):
+        return pyarrow.table(dict(data))
+    raise InvalidInput(
+        f"cannot score a {type(data).__name__}; pass a Parquet path, an offline query "
+        "result, an Arrow table or a pandas DataFrame",
+        field="data",
+    )
