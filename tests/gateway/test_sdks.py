@@ -184,3 +184,29 @@ def test_malformed_json_and_unknown_routes(served: ServerThread) -> None:
     body = response.json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in body["error"]["message"]
+
+
+def test_usage_by_key_and_period_over_http(served: ServerThread) -> None:
+    from tests.gateway.conftest import ADMIN_KEY
+
+    keys = [new_key(served, name=f"k{i}") for i in range(2)]
+    for index, key in enumerate(keys):
+        with client(served, key) as sdk:
+            for _ in range(index + 1):
+                sdk.chat.completions.create(
+                    model="chat", messages=[{"role": "user", "content": "x"}], max_tokens=1
+                )
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    second = keys[1].split("-")[1]
+    body = httpx.get(f"{served.url}/admin/usage", params={"key": second}, headers=admin).json()
+    assert body["requests"] == 2 and body["cost_micros"] == 2 * (TOKENS_IN + 1)
+    assert body["by_key_and_model"] == [
+        {"key_id": second, "model": "chat", "requests": 2, "tokens_in": 20, "tokens_out": 2,
+         "cost_micros": 22}
+    ]  # fmt: skip
+    future = httpx.get(
+        f"{served.url}/admin/usage", params={"since": "2999-01-01"}, headers=admin
+    ).json()
+    assert future["requests"] == 0
+    bad = httpx.get(f"{served.url}/admin/usage", params={"since": "soon"}, headers=admin)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "since"

@@ -428,3 +428,41 @@ def test_local_embeddings_need_no_gateway_and_place_similar_texts_close() -> Non
         return sum(x * y for x, y in zip(u, v, strict=True))
 
     assert cosine(a, b) > cosine(a, c) + 0.3
+
+
+def test_max_tokens_is_clamped_to_the_context_and_an_overlong_prompt_names_its_features(
+    provider: tuple[Provider, str], tmp_path: Path
+) -> None:
+    from kairos.client.config import Config, LLMConfig
+    from kairos.resolvers.llm import FORMAT_MARGIN
+
+    fake, url = provider
+    gateway = gateway_for(url, tmp_path)
+    plain, _ = asyncio.run(gateway.create_key(name="ctx", models=["gpt-4"]))
+    prompt = "Shopper s1 spent 10.5 today and 109.5 this week. [99.0][10.5] Risky?"
+    contents = tokens("You judge payments. Answer in one line.") + tokens(prompt)
+    context = contents + FORMAT_MARGIN + 5  # room for 5 answer tokens, fewer than the 16 asked
+    config = Config(query_log="none://", llm=LLMConfig(key=plain, context={"gpt-4": context}))
+    with kr.Client(
+        definitions=[Payment, Shopper, shopper_name], config=config, gateway=gateway
+    ) as client:
+        client.write_events(
+            Payment,
+            [
+                {"id": "p1", "shopper_id": "s1", "amount": 10.5, "at": T0 - timedelta(hours=2)},
+                {"id": "p2", "shopper_id": "s1", "amount": 99.0, "at": T0 - timedelta(days=3)},
+            ],
+        )
+        fitted = client.query({"shopper.id": "s1"}, ["shopper.advice"], now=T0)
+        assert not fitted.errors and fitted.get_value("shopper.advice").startswith("seen:")
+        assert fake.received[-1]["max_tokens"] == 5
+        many = [
+            {"id": f"q{i}", "shopper_id": "s1", "amount": 1000.0 + i, "at": T0 - timedelta(hours=1)}
+            for i in range(10)
+        ]
+        client.write_events(Payment, many)
+        sent = len(fake.received)
+        overlong = client.query({"shopper.id": "s1"}, ["shopper.advice"], now=T0)
+    (error,) = overlong.errors
+    assert "context is" in error.message and "payments (" in error.message
+    assert len(fake.received) == sent  # never sent: the provider would only refuse it

@@ -111,6 +111,7 @@ class Client:
             gateway,
             llm_key or self.config.llm.key,
             self.config.llm.tokenizers,
+            self.config.llm.context,
         )
         self.declared_resolvers = (
             *self.project.resolvers,

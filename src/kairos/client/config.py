@@ -92,10 +92,13 @@ class LLMConfig:
       key_env: KAIROS_LLM_KEY            # environment variable holding the gateway key to spend
       tokenizers:                        # model -> GGUF file whose vocabulary counts its tokens
         local/gemma-270m: gemma3-270m    # the packaged Gemma 3 270M
+      context:                           # model -> context window its deployment serves
+        local/gemma-270m: 2048
     """
 
     key: str | None = field(default=None, repr=False)  # a secret: kept out of repr
     tokenizers: Mapping[str, str] = field(default_factory=dict)
+    context: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,8 +172,14 @@ class Config:
 
 
 def _llm(raw: Any, path: Path) -> LLMConfig:
-    if not isinstance(raw, dict) or set(raw) - {"key_env", "tokenizers"}:
-        raise ProjectError(f"{path}: `llm` takes key_env and tokenizers")
+    if not isinstance(raw, dict) or set(raw) - {"key_env", "tokenizers", "context"}:
+        raise ProjectError(f"{path}: `llm` takes key_env, tokenizers and context")
+    context = raw.get("context") or {}
+    if not isinstance(context, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
+        for k, v in context.items()
+    ):
+        raise ProjectError(f"{path}: `llm.context` maps model names to token counts, e.g. 2048")
     tokenizers = raw.get("tokenizers") or {}
     if not isinstance(tokenizers, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in tokenizers.items()
@@ -184,7 +193,7 @@ def _llm(raw: Any, path: Path) -> LLMConfig:
         if key_env not in os.environ:
             raise KairosError(f"{path}: llm.key_env names {key_env}, which is not set")
         key = os.environ[key_env]
-    return LLMConfig(key=key, tokenizers=dict(tokenizers))
+    return LLMConfig(key=key, tokenizers=dict(tokenizers), context=dict(context))
 
 
 def _models(raw: Any, folder: Path, path: Path) -> ModelsConfig:

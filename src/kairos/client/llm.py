@@ -51,11 +51,13 @@ class GatewayCompleter:
         gateway: Gateway | None = None,
         key: str | None = None,
         tokenizers: Mapping[str, str] | None = None,
+        contexts: Mapping[str, int] | None = None,
     ) -> None:
         self._base_dir = base_dir
         self._gateway = gateway
         self._key = key
         self._tokenizer_files = dict(tokenizers or {})
+        self._contexts = dict(contexts or {})
         self._tokenizers: dict[str, Tokenizer] = {}
         self._embedder: LocalEmbedder | None = None
         self._lock = threading.Lock()
@@ -104,6 +106,11 @@ class GatewayCompleter:
             found = tokenizer_for(model, path)
             self._tokenizers[model] = found
         return found
+
+    def context(self, model: str, tokenizer: Tokenizer) -> int | None:
+        """The context window a prompt must fit: `llm.context` in kairos.yaml (what a
+        deployment was started with), else what the model's tokenizer knows."""
+        return self._contexts.get(model, tokenizer.context)
 
     async def aclose(self) -> None:
         """Close the gateway (one passed in too: the client is its last user), which flushes

@@ -29,11 +29,32 @@ _O200K = ("gpt-4o", "gpt-4.1", "gpt-5", "o1", "o3", "o4", "chatgpt-")
 
 @dataclass(frozen=True)
 class Tokenizer:
-    """Counts tokens of a text; `exact` says whether it is the model's own tokenizer."""
+    """Counts tokens of a text; `exact` says whether it is the model's own tokenizer, and
+    `context` is the model's context window in tokens where known."""
 
     name: str
     count: Callable[[str], int]
     exact: bool
+    context: int | None = None
+
+
+# context windows of OpenAI models by name prefix (longest prefix wins)
+_OPENAI_CONTEXT = {
+    "gpt-4": 8192,
+    "gpt-4-32k": 32768,
+    "gpt-4-turbo": 128000,
+    "gpt-4o": 128000,
+    "gpt-4.1": 1047576,
+    "gpt-3.5-turbo": 16385,
+    "o1": 200000,
+    "o3": 200000,
+    "o4": 200000,
+}
+
+
+def _openai_context(model: str) -> int | None:
+    matches = [prefix for prefix in _OPENAI_CONTEXT if model.startswith(prefix)]
+    return _OPENAI_CONTEXT[max(matches, key=len)] if matches else None
 
 
 def tokenizer_for(model: str, gguf: str | Path | None = None) -> Tokenizer:
@@ -48,6 +69,7 @@ def tokenizer_for(model: str, gguf: str | Path | None = None) -> Tokenizer:
             "cl100k_base",
             lambda text: len(encoding.encode(text, disallowed_special=())),
             exact=not bare.startswith(_O200K),
+            context=_openai_context(bare),
         )
     return Tokenizer("bytes/3", approximate_count, exact=False)
 
@@ -74,9 +96,11 @@ def gguf_tokenizer(path: str) -> Tokenizer:
 
     with _GGUF_LOCK:
         vocab = Llama(model_path=path, vocab_only=True, verbose=False)
+    lengths = [v for k, v in vocab.metadata.items() if k.endswith(".context_length")]
+    context = int(lengths[0]) if lengths and str(lengths[0]).isdigit() else None
 
     def count(text: str) -> int:
         with _GGUF_LOCK:  # llama.cpp contexts are not thread-safe
             return len(vocab.tokenize(text.encode(), add_bos=False, special=False))
 
-    return Tokenizer(f"gguf:{Path(path).name}", count, exact=True)
+    return Tokenizer(f"gguf:{Path(path).name}", count, exact=True, context=context)

@@ -36,6 +36,10 @@ LLM_CALLS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.Con
 )
 
 
+# tokens a chat template adds around the messages, kept free when max_tokens is clamped
+FORMAT_MARGIN = 32
+
+
 class CompletionFailed(KairosError, RuntimeError):
     """The model's answer could not be had or read (refused, cut off, not the JSON asked)."""
 
@@ -50,6 +54,8 @@ class Completer(Protocol):
     async def embed(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
     def tokenizer(self, model: str) -> Tokenizer: ...
+
+    def context(self, model: str, tokenizer: Tokenizer) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -198,9 +204,12 @@ class CompletionResolver(Resolver[..., Any]):
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        for key in ("max_tokens", "temperature", "seed"):
+        for key in ("temperature", "seed"):
             if getattr(options, key) is not None:
                 body[key] = getattr(options, key)
+        max_tokens = self._fit(by_feature, completer.context(options.model, tokenizer))
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
         if options.schema is not None:
             body["response_format"] = {
                 "type": "json_schema",
@@ -239,6 +248,25 @@ class CompletionResolver(Resolver[..., Any]):
         if self.usage is None:
             return value
         return value, usage
+
+    def _fit(self, by_feature: Mapping[str, int], context: int | None) -> int | None:
+        """`max_tokens`, clamped so the prompt and the answer fit the model's context; a
+        prompt that leaves no room fails naming the features that fill it."""
+        wanted = self.options.max_tokens
+        if context is None:
+            return wanted
+        prompt = sum(by_feature.values()) + FORMAT_MARGIN
+        room = context - prompt
+        if room < 1:
+            largest = sorted(
+                ((n, c) for n, c in by_feature.items() if n != TEMPLATE), key=lambda x: -x[1]
+            )[:3]
+            named = ", ".join(f"{n} ({c} tokens)" for n, c in largest)
+            raise CompletionFailed(
+                f"{self.output.fqn}: the prompt is about {prompt} tokens and the model's context "
+                f"is {context}; shorten what fills it: {named}"
+            )
+        return room if wanted is None else min(wanted, room)
 
     def _parse(self, text: str) -> Any:
         if self.options.schema is None:

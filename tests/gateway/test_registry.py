@@ -1,0 +1,70 @@
+"""Keys and the ledger on SQLite and PostgreSQL: one test body for both."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from kairos.gateway.keys import Budget, new_key
+from kairos.gateway.ledger import LedgerRow, summarize
+from kairos.gateway.registry import registry_from_url
+from tests.gateway.conftest import PG_URL, drop_postgres, postgres_available
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'registry.db'}"
+        return
+    if not postgres_available():
+        pytest.skip(f"no PostgreSQL at {PG_URL}")
+    prefix = f"gwtest_{uuid.uuid4().hex[:12]}"
+    yield f"{PG_URL}?prefix={prefix}"
+    drop_postgres(prefix)
+
+
+def row(key_id: str, at: datetime, cost: int, model: str = "chat") -> LedgerRow:
+    return LedgerRow(
+        request_id=uuid.uuid4().hex, key_id=key_id, route="chat", model_requested=model,
+        model_dispatched=model, provider="fake", deployment="echo", tokens_in=10,
+        tokens_out=5, cost_micros=cost, price_version="v1", ttft_ms=1.5, latency_ms=2.0,
+        status="ok", attempts=1, created_at=at,
+    )  # fmt: skip
+
+
+def test_keys_and_ledger_round_trip(registry_url: str) -> None:
+    now = datetime.now(UTC).replace(microsecond=0)
+
+    async def scenario() -> None:
+        registry = registry_from_url(registry_url)
+        try:
+            _, record = new_key(
+                "pepper", name="k", models=("chat",), rpm=5,
+                budgets=(Budget("day", 1_000, None), Budget("total", None, 50)),
+                expires_at=now + timedelta(days=1),
+            )  # fmt: skip
+            await registry.put_key(record)
+            assert await registry.get_key(record.id) == record
+            assert await registry.get_key("000000000000") is None
+            assert await registry.revoke_key(record.id, now)
+            assert not await registry.revoke_key(record.id, now)  # already revoked
+            [listed] = await registry.list_keys()
+            assert listed.revoked_at == now and listed.budgets == record.budgets
+            first = row(record.id, now - timedelta(days=2), 7)
+            rows = [first, row(record.id, now, 11), row("other", now, 13)]
+            await registry.write_rows(rows)
+            await registry.write_rows([first])  # a row written twice is kept once
+            assert await registry.read_rows(record.id, None, None) == rows[:2]
+            recent = await registry.read_rows(None, now - timedelta(hours=1), None)
+            assert {r.key_id for r in recent} == {record.id, "other"}
+            assert summarize(recent)["cost_micros"] == 24
+            assert await registry.read_rows(None, None, now - timedelta(days=1)) == [first]
+        finally:
+            await registry.close()
+
+    asyncio.run(scenario())
