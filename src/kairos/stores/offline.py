@@ -269,7 +269,40 @@ def _segment_columns(features: Sequence[str]) -> list[str]:
     return ["value"] if len(features) == 1 else [f"v{i}" for i in range(len(features))]
 
 
-class DuckDBOfflineStore:
+class _WritesMany(Protocol):
+    def write_many(
+        self,
+        namespace: str,
+        key_type: ValueType,
+        keys: Column,
+        observed_at: Column,
+        values: Written,
+        inserted_at: datetime | None = None,
+    ) -> None: ...
+
+
+class OneFeatureWrites:
+    """`write` of one feature, as a `write_many` of one: shared by the offline stores."""
+
+    def write(
+        self: _WritesMany,
+        namespace: str,
+        feature: str,
+        value_type: ValueType,
+        key_type: ValueType,
+        keys: Column,
+        observed_at: Column,
+        values: Column,
+        inserted_at: datetime | None = None,
+    ) -> None:
+        """Append events `(keys[i], observed_at[i], values[i])`, all inserted at `inserted_at`
+        (default: now, and never twice the same instant in one store), in one transaction."""
+        self.write_many(
+            namespace, key_type, keys, observed_at, {feature: (value_type, values)}, inserted_at
+        )
+
+
+class DuckDBOfflineStore(OneFeatureWrites):
     """Offline store in one DuckDB file (`:memory:` for a throwaway one); the folder is created.
 
     DuckDB lets one process write a file, so a store owns its connection (and its catalog, kept
@@ -309,23 +342,6 @@ class DuckDBOfflineStore:
 
     def __repr__(self) -> str:
         return f"DuckDBOfflineStore({self.path!r})"
-
-    def write(
-        self,
-        namespace: str,
-        feature: str,
-        value_type: ValueType,
-        key_type: ValueType,
-        keys: Column,
-        observed_at: Column,
-        values: Column,
-        inserted_at: datetime | None = None,
-    ) -> None:
-        """Append events `(keys[i], observed_at[i], values[i])`, all inserted at `inserted_at`
-        (default: now, and never twice the same instant in one store), in one transaction."""
-        self.write_many(
-            namespace, key_type, keys, observed_at, {feature: (value_type, values)}, inserted_at
-        )
 
     def write_many(
         self,

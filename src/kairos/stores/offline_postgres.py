@@ -31,6 +31,7 @@ from kairos.stores.offline import (
     _VALUE_TYPES,
     Column,
     InsertionClock,
+    OneFeatureWrites,
     TTLs,
     Written,
     _column,
@@ -100,7 +101,7 @@ def postgres_table_name(namespace: str, feature: str) -> str:
     return f"{name[: _MAX_IDENTIFIER - 13].rstrip('_')}__{name[-10:]}"
 
 
-class PostgresOfflineStore:
+class PostgresOfflineStore(OneFeatureWrites):
     """Offline store in a PostgreSQL database (in `schema`, created if missing; else the
     connection's search path). `conninfo` is a libpq URL or `key=value` string.
 
@@ -131,23 +132,6 @@ class PostgresOfflineStore:
     def __repr__(self) -> str:
         schema = "" if self.schema is None else f", schema={self.schema!r}"
         return f"PostgresOfflineStore({self.name!r}{schema})"
-
-    def write(
-        self,
-        namespace: str,
-        feature: str,
-        value_type: ValueType,
-        key_type: ValueType,
-        keys: Column,
-        observed_at: Column,
-        values: Column,
-        inserted_at: datetime | None = None,
-    ) -> None:
-        """Append events `(keys[i], observed_at[i], values[i])`, all inserted at `inserted_at`
-        (default: now, and never twice the same instant in one store), in one transaction."""
-        self.write_many(
-            namespace, key_type, keys, observed_at, {feature: (value_type, values)}, inserted_at
-        )
 
     def write_many(
         self,
