@@ -101,7 +101,16 @@ class Server:
 
 
 def main() -> None:
-    generate()
+    generate()  # the data, and (once) the risk model trained on it: see train.py
+    with kr.Client(PROJECT) as client:
+        model = client.models.get("risk", alias="prod")
+    print(
+        f"Model {model.label} (alias prod): a scikit-learn pipeline trained on "
+        f"{model.metadata['rows']} point-in-time rows from client.offline_query (label: a "
+        f"decline in the next {model.metadata['horizon']}), train accuracy "
+        f"{model.metadata['train_accuracy']:.3f}; stored as {model.format}, "
+        f"sha256 {model.sha256[:12]}...; inputs inferred: {', '.join(model.schema.inputs)}\n"
+    )
     server = Server(free_port())
     try:
         server.wait_ready()
@@ -135,6 +144,18 @@ def main() -> None:
             for t in first[0]["trace"]
         ]  # fmt: skip
         print(table(["node", "kind", "label", "start", "duration"], rows))
+
+        inputs = server.call(
+            "POST", "/v1/query/online",
+            {"inputs": {"user.id": "u0001"}, "outputs": list(model.schema.inputs),
+             "now": ANCHOR.isoformat()},
+        )["values"]  # fmt: skip
+        direct = server.call("POST", "/v1/models/risk/predict", {"rows": [inputs], "alias": "prod"})
+        print(
+            f"\nPOST /v1/models/risk/predict with u0001's inputs: "
+            f"{direct['predictions'][0]:.3f} from {direct['model']} (user.risk above: "
+            f"{first[0]['values']['user.risk']:.3f})"
+        )
 
         later = ANCHOR.replace(second=30).isoformat()
         again = server.call(

@@ -2,7 +2,7 @@
 
 from datetime import datetime
 
-from kairos import DataFrame, FeatureTime, Now, Windowed, _, feature, features, windowed
+from kairos import DataFrame, FeatureTime, Now, Windowed, _, feature, features, predict, windowed
 
 
 @features
@@ -40,5 +40,17 @@ class User:
     )
     # days since the account was opened
     account_age_days: float = (Now - _.signup_at).dt.days()
-    # probability-like risk score in [0, 1]
-    risk: float = feature(min=0.0, max=1.0)
+    # hand-tuned logistic score in [0, 1] (resolvers.py), the baseline the model replaced
+    rule_risk: float = feature(min=0.0, max=1.0)
+    # P(a declined transaction in the next 7 days): the registered model "risk" (train.py)
+    risk: float = predict(
+        "risk",
+        inputs=[
+            _.txn_count["1d"],
+            _.txn_count["7d"],
+            _.declines["7d"],
+            _.avg_ticket["90d"],
+            _.account_age_days,
+        ],
+        alias="prod",
+    )

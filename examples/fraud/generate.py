@@ -66,6 +66,10 @@ def generate(path: Path = DB_PATH, users: int = 200, seed: int = 7) -> Path:
     finally:
         db.close()
     os.replace(tmp, path)
+    if path.resolve() == DB_PATH.resolve():
+        from .train import ensure_model
+
+        ensure_model(users=users, seed=seed)  # `User.risk` is served by the trained model
     return path
 
 

@@ -17,8 +17,8 @@ def risk_score(
     declines_7d: User.declines["7d"],
     avg_ticket_90d: User.avg_ticket["90d"],
     age_days: User.account_age_days,
-) -> User.risk:
-    """A hand-tuned logistic score; a trained model replaces it when models land."""
+) -> User.rule_risk:
+    """A hand-tuned logistic score: the baseline the trained model (`User.risk`) replaced."""
     avg = avg_ticket_90d or 0.0
     z = -3.0 + 0.35 * count_1d + 0.9 * declines_7d + 0.004 * avg - 0.004 * min(age_days, 365.0)
     return 1.0 / (1.0 + math.exp(-z))

@@ -36,7 +36,7 @@ def test_query_json_and_explain(capsys: pytest.CaptureFixture[str]) -> None:
     assert body["features"]["user.declines[7d]"]["source"] == "expression"
     assert isinstance(body["values"]["user.declines[7d]"], int)
     assert main(["explain", "--project", PROJECT, "--in", "user.id", "--out", "user.risk"]) == 0
-    assert "risk_score" in capsys.readouterr().out
+    assert "model:risk:user.risk" in capsys.readouterr().out
 
 
 def test_bad_feature_is_a_clear_error_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:

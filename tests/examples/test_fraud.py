@@ -102,8 +102,30 @@ def test_risk_is_a_probability_computed_from_the_aggregates(client: kr.Client) -
     )
     risk = result.get_value("user.risk")
     assert 0.0 <= risk <= 1.0
-    assert result.get("user.risk").source == "risk_score"
+    assert result.get("user.risk").source == "model:risk:user.risk"
     assert result.errors == []
+    # the same number as the registered model called directly on the same inputs
+    model = client.models.get("risk", alias="prod")
+    inputs = client.query({"user.id": "u0005"}, list(model.schema.inputs), now=ANCHOR).values
+    [direct] = client.models.predict("risk", [inputs], alias="prod")
+    assert risk == pytest.approx(direct, abs=1e-12)
+    logged = client.log.get(result.meta.query_id)
+    assert logged is not None and logged.outputs["user.risk"].version == model.label
+
+
+def test_the_risk_model_was_trained_on_point_in_time_rows(client: kr.Client) -> None:
+    model = client.models.get("risk", alias="prod")
+    assert model.framework == "sklearn" and model.format == "skops"
+    assert model.schema.inputs == (
+        "user.txn_count[1d]",
+        "user.txn_count[7d]",
+        "user.declines[7d]",
+        "user.avg_ticket[90d]",
+        "user.account_age_days",
+    )
+    assert model.schema.classes == (0, 1) and model.schema.output == "probability"
+    assert model.metadata["rows"] == 200 * 8
+    assert 0.5 < model.metadata["train_accuracy"] <= 1.0
 
 
 def test_unknown_user_is_an_error_for_its_features_only(client: kr.Client) -> None:
@@ -128,7 +150,8 @@ def test_second_query_is_served_from_the_cache(client: kr.Client) -> None:
 def test_demo_prints_values_cache_hits_and_trace(capsys: pytest.CaptureFixture[str]) -> None:
     demo.main()
     out = capsys.readouterr().out
-    assert "POST /v1/query/plan" in out and "risk_score" in out
+    assert "POST /v1/query/plan" in out and "model:risk:user.risk" in out
+    assert "POST /v1/models/risk/predict with u0001's inputs" in out
     assert "6 of 6 features from the cache" in out
     assert "Trace of the first query" in out
     assert "POST /v1/query/bulk: 200 users" in out and "0 errors" in out

@@ -58,7 +58,7 @@ async def test_online_query_answers_from_the_data_and_says_where_each_value_came
     assert 0.0 <= body["values"]["user.risk"] <= 1.0
     sources = {name: f["source"] for name, f in body["features"].items()}
     assert sources["user.name"] == "user"  # the SQL resolver user.sql
-    assert sources["user.risk"] == "risk_score"  # the Python resolver
+    assert sources["user.risk"] == "model:risk:user.risk"  # the registered model
     assert sources["user.txn_count[1d]"] == "expression"
     for name, feature in body["features"].items():
         assert feature["value"] == body["values"][name]
@@ -66,7 +66,7 @@ async def test_online_query_answers_from_the_data_and_says_where_each_value_came
         assert datetime.fromisoformat(feature["observed_at"]) == ANCHOR
     assert body["meta"]["cache_hits"] == 0
     labels = {t["label"] for t in body["trace"]}
-    assert {"user", "transactions", "risk_score", "total"} <= labels
+    assert {"user", "transactions", "model:risk:user.risk", "total"} <= labels
     assert all(t["duration_ms"] >= 0 and t["status"] == "ok" for t in body["trace"])
 
 
@@ -131,13 +131,14 @@ async def test_plan_lists_nodes_in_dependency_order(http: httpx.AsyncClient) -> 
 
     assert response.status_code == 200, response.text
     plan = response.json()
-    assert "risk_score" in plan["explain"]
+    assert "model:risk:user.risk" in plan["explain"]
     nodes = {n["id"]: n for n in plan["nodes"]}
     writer = {w: n["id"] for n in plan["nodes"] for w in n["writes"]}
     risk = nodes[writer["user.risk"]]
-    assert (risk["kind"], risk["label"]) == ("python", "risk_score")
+    assert (risk["kind"], risk["label"]) == ("python", "model:risk:user.risk")
     assert set(risk["reads"]) == {
         "user.txn_count[1d]",
+        "user.txn_count[7d]",
         "user.declines[7d]",
         "user.avg_ticket[90d]",
         "user.account_age_days",
@@ -281,7 +282,7 @@ async def test_metrics_count_requests_latency_resolvers_and_cache_hits(
     resolvers = samples["kairos_resolver_latency_seconds_count"]
     assert value_of(resolvers, resolver="user", kind="sql") == 2  # u0001 once, u0002 once
     assert value_of(resolvers, resolver="transactions", kind="sql") == 2
-    assert value_of(resolvers, resolver="risk_score", kind="python") == 2
+    assert value_of(resolvers, resolver="model:risk:user.risk", kind="python") == 2
     hits = first["meta"]["cache_hits"] + second["meta"]["cache_hits"]
     assert hits == len(OUTPUTS)
     assert value_of(samples["kairos_cache_hits_total"]) == hits

@@ -488,3 +488,49 @@ _LOADERS: dict[str, Callable[[bytes, dict[str, Any]], Infer]] = {
     "custom": _load_custom,
     "custom-pickle": _load_custom,
 }
+
+
+def from_artifact(data: bytes, format: str) -> Any:
+    """A model object from an uploaded artifact in a safe format, to register as usual
+    (so its schema is inferred the same way); nothing here unpickles."""
+    try:
+        if format == "onnx":
+            import onnx
+
+            return onnx.load_from_string(data)
+        if format == "skops":
+            import skops.io as sio
+
+            untrusted = sio.get_untrusted_types(data=data)
+            if untrusted:
+                raise UnsupportedModel(
+                    f"the skops file needs types skops does not trust by default ({untrusted}); "
+                    "register it from Python, where you can review them"
+                )
+            return sio.loads(data, trusted=[])
+        if format in ("xgboost-ubj", "xgboost-json"):
+            import xgboost
+
+            booster = xgboost.Booster()
+            booster.load_model(bytearray(data))
+            return booster
+        if format == "lightgbm-text":
+            import lightgbm
+
+            return lightgbm.Booster(model_str=data.decode())
+        if format == "catboost-cbm":
+            import catboost
+
+            model = catboost.CatBoost()
+            with tempfile.TemporaryDirectory() as folder:
+                path = Path(folder) / "model.cbm"
+                path.write_bytes(data)
+                model.load_model(str(path), format="cbm")
+            return model
+    except UnsupportedModel:
+        raise
+    except Exception as error:
+        raise UnsupportedModel(
+            f"the body is not a valid {format} artifact ({type(error).__name__}: {error})"
+        ) from None
+    raise UnsupportedModel(f"unknown artifact format {format!r}")

@@ -452,6 +452,8 @@ def create_app(
 ) -> Starlette:
     """The ASGI app serving `client`; with `close_client`, shutting the app down closes the
     client, which flushes the query log before the process exits."""
+    from kairos.server.models_routes import model_routes  # it imports this module
+
     server = Server(client, config or client.config.server)
     r = server.route
     routes = [
@@ -465,6 +467,7 @@ def create_app(
         Route("/readyz", r("readyz", server.readyz, public=True), methods=["GET"]),
         Route("/metrics", r("metrics", server.metrics_endpoint), methods=["GET"]),
         Route("/openapi.json", r("openapi", server.openapi, public=True), methods=["GET"]),
+        *model_routes(server),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:

@@ -225,5 +225,141 @@ def openapi_document() -> dict[str, Any]:
                     "responses": {"200": {"description": "Metrics"}, **_errors(401)},
                 }
             },
+            **_model_paths(),
+        },
+    }
+
+
+def _path_params(*names: str) -> list[dict[str, Any]]:
+    return [
+        {"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names
+    ]
+
+
+def _json_ok(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+
+
+def _model_paths() -> dict[str, Any]:
+    """The model registry and serving routes (server/models_routes.py)."""
+    formats = ["onnx", "skops", "xgboost-ubj", "xgboost-json", "lightgbm-text", "catboost-cbm"]
+    predict_body = {
+        "type": "object",
+        "required": ["rows"],
+        "properties": {
+            "rows": {
+                "oneOf": [
+                    {"type": "array", "items": {"type": "object"}},
+                    {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                ]
+            },
+            "version": {"type": "integer", "minimum": 1},
+            "alias": {"type": "string"},
+        },
+    }
+    return {
+        "/v1/models": {
+            "get": {
+                "summary": "Registered models, their newest version and aliases",
+                "responses": {"200": _json_ok("The models"), **_errors(401)},
+            }
+        },
+        "/v1/models/{name}": {
+            "get": {
+                "summary": "Every version of a model and its aliases",
+                "parameters": _path_params("name"),
+                "responses": {"200": _json_ok("The versions"), **_errors(401, 404)},
+            }
+        },
+        "/v1/models/{name}/versions": {
+            "post": {
+                "summary": "Register an artifact in a safe format as the next version",
+                "parameters": [
+                    *_path_params("name"),
+                    {
+                        "name": "format",
+                        "in": "query",
+                        "required": True,
+                        "schema": {"type": "string", "enum": formats},
+                    },
+                    {"name": "aliases", "in": "query", "schema": {"type": "string"}},
+                    {"name": "inputs", "in": "query", "schema": {"type": "string"}},
+                ],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/octet-stream": {
+                            "schema": {"type": "string", "format": "binary"}
+                        }
+                    },
+                },
+                "responses": {"201": _json_ok("The new version"), **_errors(401, 413, 422)},
+            }
+        },
+        "/v1/models/{name}/versions/{version}": {
+            "get": {
+                "summary": "One version: schema, sha256, metadata, aliases",
+                "parameters": _path_params("name", "version"),
+                "responses": {"200": _json_ok("The version"), **_errors(401, 404, 422)},
+            }
+        },
+        "/v1/models/{name}/aliases": {
+            "get": {
+                "summary": "A model's aliases and every change to them, with times",
+                "parameters": _path_params("name"),
+                "responses": {"200": _json_ok("Aliases and history"), **_errors(401, 404)},
+            }
+        },
+        "/v1/models/{name}/aliases/{alias}": {
+            "put": {
+                "summary": "Point an alias at a version",
+                "parameters": _path_params("name", "alias"),
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["version"],
+                                "properties": {"version": {"type": "integer", "minimum": 1}},
+                            },
+                            "example": {"version": 2},
+                        }
+                    },
+                },
+                "responses": {"200": _json_ok("The change"), **_errors(400, 401, 404, 422)},
+            }
+        },
+        "/v1/models/{name}/aliases/{alias}/rollback": {
+            "post": {
+                "summary": "Point an alias back where it was before its latest move",
+                "parameters": _path_params("name", "alias"),
+                "responses": {"200": _json_ok("The change"), **_errors(401, 404, 422)},
+            }
+        },
+        "/v1/models/{name}/predict": {
+            "post": {
+                "summary": "Predictions for rows (JSON, or an Arrow IPC stream)",
+                "parameters": _path_params("name"),
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": predict_body,
+                            "example": {"rows": [{"amount": 12.5, "count": 3}]},
+                        },
+                        "application/vnd.apache.arrow.stream": {
+                            "schema": {"type": "string", "format": "binary"}
+                        },
+                    },
+                },
+                "responses": {
+                    "200": _json_ok("One prediction per row, and the version that made them"),
+                    **_errors(400, 401, 404, 413, 422),
+                },
+            }
         },
     }
