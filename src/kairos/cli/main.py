@@ -108,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
     from kairos.cli.deploy import add_deploy_commands
 
     add_deploy_commands(commands)
+    from kairos.cli.models import add_models_commands
+
+    add_models_commands(commands)
     return parser
 
 
