@@ -16,7 +16,7 @@ from tests.gateway.conftest import config, new_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
 
 HI = [{"role": "user", "content": "hi"}]
-BOUND = input_bound(len(orjson.dumps(HI)), 1)  # the input tokens a hold assumes for HI
+BOUND = input_bound(len(orjson.dumps({"messages": HI})), 1)  # a hold's input bound for HI
 
 
 @pytest.mark.slow
@@ -157,3 +157,21 @@ def test_fails_closed_when_the_budget_store_is_down(upstream: FakeUpstream, tmp_
 
     asyncio.run(scenario())
     assert upstream.received == []
+
+
+def test_every_prompt_of_a_completion_is_held(upstream: FakeUpstream, tmp_path: Path) -> None:
+    prompts = ["a", "b", "c"]
+    bound = input_bound(len(orjson.dumps({"prompt": prompts})), 3)
+
+    async def scenario() -> None:
+        gateway = Gateway(config(upstream, tmp_path))
+        try:
+            _, key = await gateway.create_key(
+                name="c", budgets=[{"period": "day", "usd_micros": bound + 3 * 7}]
+            )
+            await gateway.completion(key, {"model": "chat", "prompt": prompts, "max_tokens": 50})
+        finally:
+            await gateway.close()
+
+    asyncio.run(scenario())
+    assert upstream.received[-1]["max_tokens"] == 7  # 21 tokens of room shared by 3 answers

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,6 +28,7 @@ from kairos.gateway.accounting import Accountant, Hold, Settlement, input_bound
 from kairos.gateway.config import Deployment, GatewayConfig
 from kairos.gateway.counters import Counters, counters_from_url
 from kairos.gateway.errors import (
+    BudgetExceeded,
     GatewayError,
     InvalidRequest,
     ModelNotAllowed,
@@ -41,6 +43,8 @@ from kairos.gateway.prices import Price
 from kairos.gateway.providers import Provider, Usage, chunk_usage, openai_usage, provider_for
 from kairos.gateway.registry import Registry, registry_from_url
 from kairos.gateway.router import Router
+
+logger = logging.getLogger(__name__)
 
 _FREE = Price(0, 0)  # an unpriced model, for keys without a USD budget
 _TOKEN_FIELD = {"chat": "max_tokens", "completion": "max_tokens"}
@@ -261,21 +265,21 @@ class Gateway:
     async def chat(self, key: KeyRecord | str, body: dict[str, Any]) -> dict[str, Any] | Stream:
         """A chat completion (OpenAI shape); a Stream when `body["stream"]` is true."""
         model, stream, wanted, parts = requests.check_chat(body, self.config.default_max_tokens)
-        bound = input_bound(requests.input_bytes(body, "messages"), parts)
+        bound = input_bound(requests.input_bytes(body), parts)
         return await self._dispatch(key, "chat", "chat", body, model, stream, wanted, bound)
 
     async def completion(
         self, key: KeyRecord | str, body: dict[str, Any]
     ) -> dict[str, Any] | Stream:
-        model, stream, wanted, parts = requests.check_completion(body)
-        bound = input_bound(requests.input_bytes(body, "prompt"), parts)
+        model, stream, wanted, prompts = requests.check_completion(body)
+        bound = input_bound(requests.input_bytes(body), prompts)
         return await self._dispatch(
-            key, "completion", "completion", body, model, stream, wanted, bound
+            key, "completion", "completion", body, model, stream, wanted, bound, prompts
         )
 
     async def embedding(self, key: KeyRecord | str, body: dict[str, Any]) -> dict[str, Any]:
         model, parts = requests.check_embedding(body)
-        bound = input_bound(requests.input_bytes(body, "input"), parts)
+        bound = input_bound(requests.input_bytes(body), parts)
         reply = await self._dispatch(key, "embedding", "embedding", body, model, False, 0, bound)
         if isinstance(reply, Stream):  # a call that is not streamed answers whole
             raise TypeError("an embedding call returned a stream")
@@ -290,7 +294,7 @@ class Gateway:
         )
         if stream:
             chat_body = {**chat_body, "stream_options": {"include_usage": True}}
-        bound = input_bound(requests.input_bytes(chat_body, "messages"), parts)
+        bound = input_bound(requests.input_bytes(chat_body), parts)
         return await self._dispatch(
             key, "chat", "messages", chat_body, model, stream, wanted, bound
         )
@@ -305,9 +309,10 @@ class Gateway:
         stream: bool,
         wanted: int,
         bound: int,
+        answers: int = 1,
     ) -> dict[str, Any] | Stream:
         record = key if isinstance(key, KeyRecord) else await self.authenticate(key)
-        call = _Call(self, record, kind, route, model, body, stream, wanted, bound)
+        call = _Call(self, record, kind, route, model, body, stream, wanted, bound, answers)
         try:
             return await call.run()
         except GatewayError as error:
@@ -320,9 +325,17 @@ class Gateway:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def _spawn(self, work: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(work)
+        self._track(asyncio.ensure_future(work))
+
+    def _track(self, task: asyncio.Task[Any]) -> None:
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            error = task.exception()
+            logger.error("settling a call failed: %s: %s", type(error).__name__, error)
 
     async def close(self) -> None:
         """Wait for calls still settling, write the ledger, close stores and providers."""
@@ -351,8 +364,10 @@ class _Call:
         stream: bool,
         wanted: int,
         bound: int,
+        answers: int = 1,
     ) -> None:
         self.gateway = gateway
+        self.answers = answers  # completions answer each prompt: the hold covers them all
         self.key = key
         self.kind = kind
         self.route = route
@@ -409,7 +424,15 @@ class _Call:
                 continue
             tried += 1
             try:
-                hold = await gateway.accountant.hold(key, price, self.bound, self.wanted)
+                hold = await gateway.accountant.hold(
+                    key, price, self.bound, self.wanted * self.answers
+                )
+                if self.wanted and hold.max_tokens < self.answers:  # not a token for each
+                    await gateway.accountant.settle(hold, None, accepted=False)
+                    raise BudgetExceeded(
+                        f"key {key.id!r} has too little budget left for {self.answers} answers; "
+                        "send fewer prompts or lower max_tokens"
+                    )
             except BaseException:
                 router.finished(deployment, "neutral", 0.0)
                 raise
@@ -428,7 +451,8 @@ class _Call:
             field = (
                 "max_completion_tokens" if "max_completion_tokens" in self.body else "max_tokens"
             )
-            body[field] = hold.max_tokens  # always explicit, clamped to what the budget covers
+            # always explicit, clamped to what the budget covers (per answer)
+            body[field] = hold.max_tokens // self.answers
         body.pop("stream_options", None)
         return body
 
@@ -492,8 +516,7 @@ class _Call:
             on_end=on_end,
             request_id=self.request_id,
         )
-        self.gateway._tasks.add(result.task)
-        result.task.add_done_callback(self.gateway._tasks.discard)
+        self.gateway._track(result.task)
         return result
 
     async def _close(

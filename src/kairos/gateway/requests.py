@@ -63,8 +63,15 @@ def check_chat(body: dict[str, Any], default_max_tokens: int) -> tuple[str, bool
 
 
 def check_completion(body: dict[str, Any]) -> tuple[str, bool, int, int]:
+    """(model, stream, max_tokens wanted, number of prompts): each prompt gets an answer."""
     # the completions API's own default for max_tokens is 16
     model, stream, wanted = _common(body, 16)
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise InvalidRequest(
+            "best_of must be 1 through the gateway (each request is budgeted as one answer)",
+            param="best_of",
+        )
     prompt = body.get("prompt")
     if not (isinstance(prompt, str) or (
         isinstance(prompt, list) and prompt and all(isinstance(p, str | int | list) for p in prompt)
@@ -72,7 +79,8 @@ def check_completion(body: dict[str, Any]) -> tuple[str, bool, int, int]:
         raise InvalidRequest(
             'prompt is a string or a list of strings, e.g. "Say hi"', param="prompt"
         )
-    return model, stream, wanted, len(prompt) if isinstance(prompt, list) else 1
+    many = isinstance(prompt, list) and not all(isinstance(p, int) for p in prompt)
+    return model, stream, wanted, len(prompt) if many else 1
 
 
 def check_embedding(body: dict[str, Any]) -> tuple[str, int]:
@@ -87,6 +95,17 @@ def check_embedding(body: dict[str, Any]) -> tuple[str, int]:
     return model, len(given) if isinstance(given, list) else 1
 
 
-def input_bytes(body: dict[str, Any], field: str) -> int:
-    """Bytes of the field as JSON: at least the bytes of its text (escaping only adds)."""
-    return len(orjson.dumps(body.get(field)))
+# Settings that are not sent to the model as input; everything else (messages, prompt, input,
+# tools, functions, response_format, ...) may be, so it counts towards the input bound.
+_CONTROLS = frozenset({
+    "model", "max_tokens", "max_completion_tokens", "stream", "stream_options", "n", "stop",
+    "temperature", "top_p", "seed", "user", "presence_penalty", "frequency_penalty",
+    "logprobs", "top_logprobs", "best_of", "echo", "suffix", "encoding_format", "dimensions",
+    "metadata", "store", "service_tier", "parallel_tool_calls", "logit_bias",
+})  # fmt: skip
+
+
+def input_bytes(body: dict[str, Any]) -> int:
+    """Bytes of what the model reads, as JSON: at least the bytes of its text (escaping only
+    adds), tools and schemas included."""
+    return len(orjson.dumps({k: v for k, v in body.items() if k not in _CONTROLS}))
