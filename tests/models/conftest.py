@@ -1,0 +1,59 @@
+"""Fixtures for the model tests: a model store over a real registry (SQLite file, and
+PostgreSQL at 127.0.0.1:5432 when it is there) and a local artifact volume."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kairos.models import ArtifactVolume, ModelStore, model_registry_from_url
+
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+TABLES = ("kairos_models", "kairos_model_aliases", "kairos_model_alias_history")
+
+
+def _postgres_url() -> str:
+    import psycopg
+
+    for url in (PG_URL, "postgresql://127.0.0.1:5432/test"):
+        try:
+            with psycopg.connect(url, connect_timeout=2) as conn:
+                for table in TABLES:
+                    conn.execute(f"drop table if exists {table}")
+            return url
+        except psycopg.OperationalError:
+            continue
+    pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'models.db'}"
+    return _postgres_url()
+
+
+@pytest.fixture
+def store(registry_url: str, tmp_path: Path) -> Iterator[ModelStore]:
+    store = ModelStore(model_registry_from_url(registry_url), ArtifactVolume(tmp_path / "vol"))
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def local_store(tmp_path: Path) -> Iterator[ModelStore]:
+    store = ModelStore(
+        model_registry_from_url(f"sqlite:///{tmp_path / 'models.db'}"),
+        ArtifactVolume(tmp_path / "vol"),
+    )
+    yield store
+    store.close()
+
+
+@pytest.fixture(scope="session")
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(300, 4))
+    y = (x[:, 0] + 0.5 * x[:, 1] - x[:, 2] > 0).astype(int)
+    return x, y

@@ -1,0 +1,163 @@
+"""Models in the feature graph: `kr.predict` features run the registered version, the query
+log names it, alias moves (here and in another process) and rollbacks are followed, and a
+model that fails is that feature's error."""
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from sklearn.linear_model import LinearRegression
+
+import kairos as kr
+from kairos import Features, _, features, online
+from kairos.client.config import Config, ModelsConfig
+from kairos.models import ArtifactVolume, ModelStore, model_registry_from_url
+
+from .custom_model import Raising
+
+
+@features
+class Account:
+    id: str
+    a: float
+    b: float
+    score: float = kr.predict("score", inputs=[_.a, _.b], alias="prod")
+    pinned: float = kr.predict("score", inputs=[_.a, _.b], version=1)
+    broken: float = kr.predict("broken", inputs=[_.a, _.b])
+
+
+@online
+def inputs(aid: Account.id) -> Features[Account.a, Account.b]:
+    key = str(aid)
+    n = float(key.removeprefix("acc"))
+    return (-n if key.endswith("9") else n), n / 2
+
+
+def linear(wa: float, wb: float) -> LinearRegression:
+    x = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    return LinearRegression().fit(x, x @ np.array([wa, wb]))
+
+
+def config(folder: Path, refresh: str = "5s") -> Config:
+    return Config(
+        base_dir=folder,
+        query_log=f"sqlite:///{folder / 'log.db'}",
+        models=ModelsConfig(refresh=timedelta(seconds=float(refresh.rstrip("s")))),
+    )
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[kr.Client]:
+    with kr.Client(definitions=[Account, inputs], config=config(tmp_path)) as client:
+        yield client
+
+
+def test_an_unregistered_model_is_that_features_error(client: kr.Client) -> None:
+    result = client.query({Account.id: "acc4"}, [Account.a, Account.score])
+    assert result.get_value(Account.a) == 4.0
+    [error] = result.errors
+    assert error.feature == "account.score"
+    assert "no model named 'score'" in error.message
+
+
+def test_values_come_from_the_version_the_alias_points_at(client: kr.Client) -> None:
+    client.models.register("score", linear(1.0, 1.0), aliases=["prod"], inputs=["a", "b"])
+    client.models.register("score", linear(10.0, 0.0), inputs=["a", "b"])
+    first = client.query({Account.id: "acc4"}, [Account.score, Account.pinned])
+    assert first.get_value(Account.score) == pytest.approx(6.0)  # 4 + 2, version 1
+    client.models.set_alias("score", "prod", 2)
+    moved = client.query({Account.id: "acc4"}, [Account.score, Account.pinned])
+    assert moved.get_value(Account.score) == pytest.approx(40.0)
+    assert moved.get_value(Account.pinned) == pytest.approx(6.0)  # pinned to version 1
+    client.models.rollback("score", "prod")
+    back = client.query({Account.id: "acc4"}, [Account.score])
+    assert back.get_value(Account.score) == pytest.approx(6.0)
+    versions = [
+        client.log.get(r.meta.query_id).outputs["account.score"].version  # type: ignore[union-attr]
+        for r in (first, moved, back)
+    ]
+    assert versions == ["score@v1", "score@v2", "score@v1"]
+
+
+def test_bulk_and_offline_queries_run_the_model_in_one_batch(client: kr.Client) -> None:
+    client.models.register("score", linear(1.0, 1.0), aliases=["prod"], inputs=["a", "b"])
+    ids = [f"acc{i}" for i in range(1, 8)]
+    bulk = client.query_bulk({Account.id: ids}, [Account.score])
+    expected = [i + i / 2 for i in range(1, 8)]
+    assert bulk.columns["account.score"].values == pytest.approx(expected)
+    now = datetime.now(UTC)
+    offline = client.offline_query({"account.id": ids, "ts": [now] * 7}, [Account.score])
+    assert offline.to_pandas()["account.score"].tolist() == pytest.approx(expected)
+    record = client.models.get("score", alias="prod")
+    predictor = client.models.store.predictor_for(record)
+    assert predictor.batches <= 2  # the bulk query once, the offline query once
+
+
+def test_a_model_that_raises_is_that_features_error(client: kr.Client) -> None:
+    client.models.register("broken", Raising(), inputs=["a", "b"])
+    fine = client.query({Account.id: "acc4"}, [Account.broken, Account.a])
+    assert fine.get_value(Account.broken) == pytest.approx(6.0)
+    failing = client.query({Account.id: "acc9"}, [Account.broken, Account.a])  # a = -9
+    assert failing.get_value(Account.a) == -9.0
+    [error] = failing.errors
+    assert (error.feature, error.code) == ("account.broken", "resolver_error")
+    assert "RuntimeError" in error.message and "weights only cover a >= 0" in error.message
+
+
+def test_a_model_with_the_wrong_number_of_inputs_is_a_clear_feature_error(
+    client: kr.Client,
+) -> None:
+    x = np.arange(9.0).reshape(3, 3)
+    client.models.register("score", LinearRegression().fit(x, x[:, 0]), aliases=["prod"])
+    [error] = client.query({Account.id: "acc4"}, [Account.score]).errors
+    assert "takes 3 inputs (x0, x1, x2) but account.score" in error.message
+
+
+def test_an_alias_moved_by_another_process_is_followed(tmp_path: Path) -> None:
+    with kr.Client(definitions=[Account, inputs], config=config(tmp_path, "0.05s")) as client:
+        client.models.register("score", linear(1.0, 1.0), aliases=["prod"], inputs=["a", "b"])
+        assert client.query({Account.id: "acc2"}, [Account.score]).get_value(Account.score) == 3.0
+        elsewhere = ModelStore(
+            model_registry_from_url(f"sqlite:///{tmp_path / '.kairos' / 'models.db'}"),
+            ArtifactVolume(tmp_path / ".kairos" / "models"),
+        )
+        elsewhere.register("score", linear(0.0, 100.0), aliases=["prod"], inputs=["a", "b"])
+        elsewhere.close()
+        deadline = time.monotonic() + 10
+        value = None
+        while time.monotonic() < deadline:
+            time.sleep(0.06)
+            value = client.query({Account.id: "acc2"}, [Account.score]).get_value(Account.score)
+            if value == pytest.approx(100.0):
+                break
+        assert value == pytest.approx(100.0)
+
+
+def test_batch_scoring_of_an_offline_result_and_a_parquet_file(
+    client: kr.Client, tmp_path: Path
+) -> None:
+    client.models.register("score", linear(2.0, 1.0), aliases=["prod"], inputs=["a", "b"])
+    ids = [f"acc{i}" for i in range(1, 5)]
+    training = client.offline_query(
+        {"account.id": ids, "ts": [datetime.now(UTC)] * 4}, [Account.a, Account.b]
+    )
+    scored = client.models.score(
+        "score", training, alias="prod", inputs={"a": "account.a", "b": "account.b"}
+    )
+    assert scored.column("prediction").to_pylist() == pytest.approx(
+        [2 * i + i / 2 for i in range(1, 5)]
+    )
+    assert scored.schema.metadata[b"kairos.model"] == b"score@v1"
+    source = tmp_path / "in.parquet"
+    pq.write_table(scored.select(["account.a", "account.b"]), source)
+    out = tmp_path / "out.parquet"
+    client.models.score("score", source, inputs=["account.a", "account.b"], output=out)
+    assert pq.read_table(out).column("prediction").to_pylist() == pytest.approx(
+        [2 * i + i / 2 for i in range(1, 5)]
+    )
+    with pytest.raises(kr.InvalidInput, match=r"no column 'a'.*takes a, b"):
+        client.models.score("score", source)
