@@ -175,3 +175,20 @@ def test_every_prompt_of_a_completion_is_held(upstream: FakeUpstream, tmp_path: 
 
     asyncio.run(scenario())
     assert upstream.received[-1]["max_tokens"] == 7  # 21 tokens of room shared by 3 answers
+
+
+def test_no_route_escapes_the_budget(served: ServerThread, upstream: FakeUpstream) -> None:
+    key = new_key(served, budgets=[{"period": "total", "tokens": 5}])  # less than any input
+    headers = {"authorization": f"Bearer {key}"}
+    calls = {
+        "/v1/chat/completions": {"model": "chat", "messages": HI},
+        "/v1/completions": {"model": "chat", "prompt": "hi"},
+        "/v1/embeddings": {"model": "chat", "input": "hi"},
+        "/v1/messages": {"model": "chat", "messages": HI, "max_tokens": 5},
+    }
+    for path, body in calls.items():
+        for stream in (False, True) if path != "/v1/embeddings" else (False,):
+            sent = {**body, "stream": True} if stream else body
+            response = httpx.post(f"{served.url}{path}", json=sent, headers=headers)
+            assert response.status_code == 429, (path, stream, response.text)
+    assert upstream.received == []
