@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -180,7 +181,7 @@ def test_every_prompt_of_a_completion_is_held(upstream: FakeUpstream, tmp_path: 
 def test_no_route_escapes_the_budget(served: ServerThread, upstream: FakeUpstream) -> None:
     key = new_key(served, budgets=[{"period": "total", "tokens": 5}])  # less than any input
     headers = {"authorization": f"Bearer {key}"}
-    calls = {
+    calls: dict[str, dict[str, Any]] = {
         "/v1/chat/completions": {"model": "chat", "messages": HI},
         "/v1/completions": {"model": "chat", "prompt": "hi"},
         "/v1/embeddings": {"model": "chat", "input": "hi"},
