@@ -147,6 +147,7 @@ class LlamaCppEngine:
         self._chat: Any = None
         self.load_error: str | None = None
         self._jobs: asyncio.Queue[Job] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._consumer: asyncio.Task[None] | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
         self._rng = random.Random(config.seed)
@@ -254,9 +255,10 @@ class LlamaCppEngine:
     def submit(self, prompt: Sequence[int], sampling: Sampling) -> Job:
         """Queue a generation behind every earlier one; must be called on the event loop."""
         self._ready()
-        if self._jobs is None:
-            self._jobs = asyncio.Queue()
-            self._consumer = asyncio.get_running_loop().create_task(self._consume(self._jobs))
+        loop = asyncio.get_running_loop()
+        if self._jobs is None or self._loop is not loop:  # first use, or a new event loop
+            self._loop, self._jobs = loop, asyncio.Queue()
+            self._consumer = loop.create_task(self._consume(self._jobs))
         # without a seed each request draws one from the engine's seeded generator, so answers
         # vary between requests yet a worker's sequence is reproducible
         job = Job(tuple(prompt), sampling, seed=self._rng.randrange(1 << 31))

@@ -1,0 +1,68 @@
+"""The in-process engine: stop sequences, seeds, readiness, event loops."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kairos.llm.errors import ContextOverflow, EngineNotReady
+from kairos.llm.llamacpp import EngineConfig, Finished, LlamaCppEngine, Piece, Sampling
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path) -> Iterator[LlamaCppEngine]:
+    engine = LlamaCppEngine(EngineConfig(model_path=str(tiny_model), n_ctx=256, n_threads=1))
+    engine.load()
+    yield engine
+    engine.close()
+
+
+def generate(engine: LlamaCppEngine, sampling: Sampling, prompt: str = "Hi") -> tuple[str, str]:
+    async def run() -> tuple[str, str]:
+        job = engine.submit(engine.tokenize(prompt), sampling)
+        text, reason = "", ""
+        async for event in job.events():
+            if isinstance(event, Piece):
+                text += event.text
+            elif isinstance(event, Finished):
+                reason = event.finish_reason
+        return text, reason
+
+    return asyncio.run(run())  # a new event loop each time: the engine follows it
+
+
+def test_a_stop_sequence_ends_the_text_before_it(engine: LlamaCppEngine) -> None:
+    greedy = Sampling(max_tokens=30, temperature=0.0, ignore_eos=True)
+    text, reason = generate(engine, greedy)
+    assert reason == "length" and len(text) >= 10
+    stop = text[6:9]
+    cut, reason = generate(engine, Sampling(max_tokens=30, temperature=0.0, ignore_eos=True,
+                                            stop=(stop,)))  # fmt: skip
+    assert reason == "stop" and cut == text[: text.index(stop)]
+
+
+def test_a_seed_fixes_a_sampled_answer(engine: LlamaCppEngine) -> None:
+    def sampled(seed: int | None) -> str:
+        sampling = Sampling(max_tokens=20, temperature=1.0, seed=seed, ignore_eos=True)
+        return generate(engine, sampling)[0]
+
+    assert sampled(3) == sampled(3)
+    assert len({sampled(None) for _ in range(4)}) > 1  # without one, answers vary
+
+
+def test_the_context_is_enforced(engine: LlamaCppEngine) -> None:
+    prompt = engine.tokenize("x" * 300)
+    with pytest.raises(ContextOverflow, match="shorten it"):
+        engine.fit(prompt, 10, "prompt")
+    assert engine.fit(engine.tokenize("x" * 200), 100, "prompt") == 256 - 202
+
+
+def test_a_missing_model_is_not_ready(tmp_path: Path) -> None:
+    engine = LlamaCppEngine(EngineConfig(model_path=str(tmp_path / "none.gguf")))
+    with pytest.raises(EngineNotReady, match="does not exist"):
+        engine.load()
+    with pytest.raises(EngineNotReady):
+        engine.tokenize("x")
