@@ -342,7 +342,10 @@ def _model_paths() -> dict[str, Any]:
         },
         "/v1/models/{name}/predict": {
             "post": {
-                "summary": "Predictions for rows (JSON, or an Arrow IPC stream)",
+                "summary": "Predictions for rows",
+                "description": "JSON rows, or an Arrow IPC stream sent with content-type "
+                "application/vnd.apache.arrow.stream (version and alias as query parameters; "
+                "ask for Arrow back with the same type in Accept).",
                 "parameters": _path_params("name"),
                 "requestBody": {
                     "required": True,
@@ -350,9 +353,6 @@ def _model_paths() -> dict[str, Any]:
                         "application/json": {
                             "schema": predict_body,
                             "example": {"rows": [{"amount": 12.5, "count": 3}]},
-                        },
-                        "application/vnd.apache.arrow.stream": {
-                            "schema": {"type": "string", "format": "binary"}
                         },
                     },
                 },
