@@ -162,7 +162,7 @@ def test_sustained_queueing_grows_to_max_and_idleness_shrinks_back(
             stop.set()
             await asyncio.gather(*clients)
             await wait_for(lambda: group.size == 1, 15, "scaling back down")
-            assert any("scaling 'slow' down to 1 replicas" in e for e in group.events)
+            assert any("scaling 'slow' down to 1 replica:" in e for e in group.events)
             await wait_for(
                 lambda: [r.state for r in group.replicas].count("stopped") == 1,
                 15,

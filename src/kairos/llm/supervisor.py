@@ -353,16 +353,16 @@ class DeploymentGroup:
         starting = any(r.state == STARTING for r in live)
         if (self._waiting_since is not None and now - self._waiting_since >= spec.scale_up_after
                 and len(live) < spec.highest and not starting):  # fmt: skip
-            self._emit(f"scaling {self.name!r} up to {len(live) + 1} replicas: {waiting} "
+            self._emit(f"scaling {self.name!r} up to {_replicas(len(live) + 1)}: {waiting} "
                        f"request(s) waiting for {now - self._waiting_since:.1f}s")  # fmt: skip
             self._waiting_since = None
             replica = self._add()
             self._spawn(self._keep_trying(replica))
         elif (self._idle_since is not None and now - self._idle_since >= spec.scale_down_after
-              and len(live) > spec.lowest):  # fmt: skip
+              and len(live) > spec.lowest and not starting):  # fmt: skip
             victim = max((r for r in live if r.state == READY), key=lambda r: r.index)
             idle = now - self._idle_since
-            self._emit(f"scaling {self.name!r} down to {len(live) - 1} replicas: idle for "
+            self._emit(f"scaling {self.name!r} down to {_replicas(len(live) - 1)}: idle for "
                        f"{idle:.1f}s; draining replica {victim.index}")  # fmt: skip
             self._idle_since = now
             victim.state = DRAINING
@@ -404,3 +404,7 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
     text = path.read_text(errors="replace").splitlines()[-lines:]
     return "\n".join("  | " + line for line in text)
+
+
+def _replicas(n: int) -> str:
+    return f"{n} replica" if n == 1 else f"{n} replicas"
