@@ -121,6 +121,8 @@ class Shopper:
         ],
         max_tokens=16,
         temperature=0,
+        stop=["\n\n"],
+        extra_body={"top_k": 1},
     )
     advice_usage: dict[str, Any] = kr.completion_usage("advice")
     verdict: dict[str, Any] = kr.completion(
@@ -190,6 +192,7 @@ def test_a_prompt_is_rendered_from_features_and_answered_through_the_gateway(
     sent = fake.received[-1]
     assert sent["messages"][0]["role"] == "system"
     assert sent["max_tokens"] == 16 and sent["temperature"] == 0
+    assert sent["stop"] == ["\n\n"] and sent["top_k"] == 1  # passed through the gateway
 
 
 def test_tokens_per_feature_sum_to_the_prompt_tokens(
@@ -466,3 +469,8 @@ def test_max_tokens_is_clamped_to_the_context_and_an_overlong_prompt_names_its_f
     (error,) = overlong.errors
     assert "context is" in error.message and "payments (" in error.message
     assert len(fake.received) == sent  # never sent: the provider would only refuse it
+
+
+def test_extra_body_cannot_replace_what_kairos_sets() -> None:
+    with pytest.raises(DefinitionError, match="cannot set.*max_tokens"):
+        kr.completion(model="gpt-4", messages=[("user", "x")], extra_body={"max_tokens": 9})

@@ -69,6 +69,8 @@ class CompletionOptions(FeatureOptions):
     schema: Mapping[str, Any] | None = None  # JSON schema of the answer
     parser: Any = None  # a pydantic model class the answer is validated with
     timeout: timedelta | None = None
+    stop: tuple[str, ...] = ()
+    extra_body: Mapping[str, Any] | None = None  # provider-specific request fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,8 @@ def completion(
     temperature: float | None = None,
     seed: int | None = None,
     schema: Any = None,
+    stop: Sequence[str] = (),
+    extra_body: Mapping[str, Any] | None = None,
     timeout: DurationLike | None = None,
     max_staleness: DurationLike | None = None,
     description: str | None = None,
@@ -102,7 +106,8 @@ def completion(
     owner: str | None = None,
 ) -> Any:
     """Declare a feature as an LLM completion of `messages` (templates over features), sent
-    through the gateway to `model` (a model group or alias the gateway knows)."""
+    through the gateway to `model` (a model group or alias the gateway knows). `extra_body`
+    adds fields a provider understands (e.g. `{"ignore_eos": True}` for llama.cpp or vLLM)."""
     if not isinstance(model, str) or not model:
         raise DefinitionError("completion(model=...): name the model (a gateway model group)")
     if isinstance(messages, str | Message) or not messages:
@@ -124,6 +129,16 @@ def completion(
     if temperature is not None and not 0 <= temperature <= 2:
         raise DefinitionError(f"completion(temperature={temperature!r}) must be in [0, 2]")
     json_schema, parser = _schema(schema)
+    if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
+        raise DefinitionError(f"completion(stop={stop!r}) is a list of strings")
+    reserved = {"model", "messages", "stream", "stream_options", "max_tokens"}
+    if extra_body is not None and (
+        not isinstance(extra_body, Mapping) or reserved & set(extra_body)
+    ):
+        raise DefinitionError(
+            f"completion(extra_body=...) is a dict of extra request fields; it cannot set "
+            f"{', '.join(sorted(reserved))}"
+        )
     return CompletionOptions(
         default=MISSING,
         max_staleness=_duration(max_staleness, "max_staleness"),
@@ -138,6 +153,8 @@ def completion(
         schema=json_schema,
         parser=parser,
         timeout=_duration(timeout, "timeout"),
+        stop=tuple(stop),
+        extra_body=None if extra_body is None else dict(extra_body),
     )
 
 

@@ -161,6 +161,8 @@ class CompletionResolver(Resolver[..., Any]):
                 self.options.temperature,
                 self.options.seed,
                 self.options.schema,
+                self.options.stop,
+                self.options.extra_body,
             ],
             sort_keys=True,
             default=str,
@@ -207,6 +209,9 @@ class CompletionResolver(Resolver[..., Any]):
         for key in ("temperature", "seed"):
             if getattr(options, key) is not None:
                 body[key] = getattr(options, key)
+        if options.stop:
+            body["stop"] = list(options.stop)
+        body.update(options.extra_body or {})
         max_tokens = self._fit(by_feature, completer.context(options.model, tokenizer))
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
