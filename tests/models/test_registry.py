@@ -74,3 +74,12 @@ def test_unknown_model_version_and_alias_name_what_exists(store: ModelStore) -> 
         store.set_alias("risk", "2", 1)
     with pytest.raises(kr.InvalidInput, match="model name"):
         store.register("bad name!", model(1.0))
+
+
+def test_an_unreachable_registry_is_backend_unavailable() -> None:
+    from kairos.errors import BackendUnavailable
+    from kairos.models import model_registry_from_url
+
+    registry = model_registry_from_url("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2")
+    with pytest.raises(BackendUnavailable, match="model registry"):
+        registry.get("risk")

@@ -10,6 +10,7 @@ Every statement binds its values; names never reach SQL text.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sqlite3
@@ -161,12 +162,26 @@ class ModelRegistry:
                 yield _Cursor(cursor, self._sql)
                 if self._depth == 1:
                     self._conn.commit()
-            except BaseException:
+            except BaseException as error:
                 if self._depth == 1:
-                    self._conn.rollback()
+                    self._reset_after(error)
+                if _is_outage(error):
+                    raise BackendUnavailable(f"model registry {self.url}: {error}") from None
                 raise
             finally:
                 self._depth -= 1
+
+    def _reset_after(self, error: BaseException) -> None:
+        """Roll back; a connection that failed is dropped and opened again on next use."""
+        try:
+            self._conn.rollback()
+        except Exception:
+            self._conn = None
+            return
+        if _is_outage(error) and self._mark == "%s":
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
 
     def close(self) -> None:
         with self._lock:
@@ -416,6 +431,16 @@ class _Cursor:
 
     def fetchall(self) -> list[Any]:
         return list(self.cursor.fetchall())
+
+
+def _is_outage(error: BaseException) -> bool:
+    """A database that is down or locked, not a statement that is wrong."""
+    if isinstance(error, sqlite3.OperationalError):
+        return True
+    return type(error).__module__.startswith("psycopg") and type(error).__name__ in (
+        "OperationalError",
+        "InterfaceError",
+    )
 
 
 def _version(row: Any, aliases: tuple[str, ...]) -> ModelVersion:
