@@ -11,7 +11,8 @@ and through the gateway; "added" is the gateway's percentile minus the direct on
 
 - timed: the upstream answers after 50 ms; a stream sends 20 chunks over 200 ms (latency is
   to the stream's last byte); at 1 and 50 concurrent clients;
-- instant: the upstream answers at once; requests/s at 64 clients for `--seconds`.
+- instant: the upstream answers at once; requests/s at 64 clients for `--seconds`;
+- tcp relay: a byte relay in its own process, the floor any proxy adds (hops and wake-ups).
 
 LiteLLM (`--litellm path/to/bin/litellm`, 1.110 in a venv of its own: `pip install
 litellm==1.110.0` plus its proxy extra's dependencies) runs with one worker, no database and no
@@ -180,8 +181,32 @@ def serve_upstream(port: int) -> None:
 
     fake = FakeUpstream(delay=0.05, chunks=20, stream_seconds=0.2)
     fake.keep_log = False
-    uvicorn.run(fake.app(), host="127.0.0.1", port=port, loop="uvloop", http="httptools",
+    # asyncio, not uvloop: libuv timers tick in whole milliseconds, which would make the 50 ms
+    # delay jitter by up to 1 ms with the phase of the caller
+    uvicorn.run(fake.app(), host="127.0.0.1", port=port, loop="asyncio", http="httptools",
                 log_level="warning", access_log=False)  # fmt: skip
+
+
+def serve_relay(port: int, upstream: int) -> None:
+    """A TCP relay to the upstream: the floor any proxy in its own process adds (two more
+    hops and a process to wake), with no HTTP parsing at all."""
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+        finally:
+            writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port)
+        await server.serve_forever()
+
+    uvloop.run(main())
 
 
 def gateway_project(folder: Path, upstream: int) -> None:
@@ -213,13 +238,15 @@ def litellm_config(folder: Path, upstream: int) -> Path:
 
 def run(args: argparse.Namespace) -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    up_port, gw_port, ll_port = free_port(), free_port(), free_port()
+    up_port, gw_port, ll_port, relay_port = free_port(), free_port(), free_port(), free_port()
     processes: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         try:
             upstream = start([sys.executable, __file__, "--serve-upstream", str(up_port)])
             processes.append(upstream)
+            relay = [sys.executable, __file__, "--serve-relay", f"{relay_port}:{up_port}"]
+            processes.append(start(relay))
             gateway_project(folder, up_port)
             gateway = start(
                 [sys.executable, "-c", "from kairos.cli import main; raise SystemExit(main())",
@@ -237,6 +264,7 @@ def run(args: argparse.Namespace) -> None:
                 key = orjson.loads(response.read())["key"]
             targets = {
                 "direct": (up_port, {}),
+                "tcp relay": (relay_port, {}),
                 "kairos": (gw_port, {"authorization": f"Bearer {key}"}),
             }
             if args.litellm:
@@ -277,22 +305,23 @@ def measure(
     for name, (port, headers) in targets.items():
         rps = asyncio.run(throughput(port, headers, "/v1/chat/completions", body, 64, args.seconds))
         cell[name] = (rps, rps)
-    rows.append(("max req/s @64 (instant)", cell))
+    rows.append(("max req/s @64", cell))
     return rows
 
 
 def print_table(rows: list[tuple[str, dict[str, tuple[float, float]]]], names: list[str]) -> None:
-    print(f"{'case':<26}" + "".join(f"{n + ' p50/p99 ms':>24}" for n in names)
-          + "".join(f"{n + ' added p50/p99':>26}" for n in names if n != "direct"))  # fmt: skip
+    print("p50 / p99 ms; added = through it minus direct, same client and concurrency")
+    print(f"{'case':<16}" + "".join(f"{n:>20}" for n in names)
+          + "".join(f"{n + ' added':>22}" for n in names if n != "direct"))  # fmt: skip
     for label, cell in rows[:-1]:
-        line = f"{label:<26}" + "".join(f"{cell[n][0]:>13.2f} /{cell[n][1]:>8.2f}" for n in names)
+        line = f"{label:<16}" + "".join(f"{cell[n][0]:>11.2f} /{cell[n][1]:>7.2f}" for n in names)
         for name in names:
             if name != "direct":
                 added = (cell[name][0] - cell["direct"][0], cell[name][1] - cell["direct"][1])
-                line += f"{added[0]:>+15.2f} /{added[1]:>+8.2f}"
+                line += f"{added[0]:>+13.2f} /{added[1]:>+7.2f}"
         print(line)
     label, cell = rows[-1]
-    print(f"{label:<26}" + "".join(f"{cell[n][0]:>24.0f}" for n in names))
+    print(f"{label:<16}" + "".join(f"{cell[n][0]:>20.0f}" for n in names))
     if "litellm" in cell:
         print(f"kairos / litellm requests/s: {cell['kairos'][0] / cell['litellm'][0]:.1f}x")
     print(f"kairos / direct requests/s: {cell['kairos'][0] / cell['direct'][0]:.2f}")
@@ -304,8 +333,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--litellm", help="path to a litellm executable (its own venv)")
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-relay", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_upstream:
+    if args.serve_relay:
+        listen, upstream = args.serve_relay.split(":")
+        serve_relay(int(listen), int(upstream))
+    elif args.serve_upstream:
         serve_upstream(args.serve_upstream)
     else:
         run(args)
