@@ -10,10 +10,20 @@ from pathlib import Path
 
 import pytest
 
+from kairos.gateway import Gateway
 from kairos.gateway.keys import Budget, new_key
 from kairos.gateway.ledger import LedgerRow, summarize
 from kairos.gateway.registry import registry_from_url
-from tests.gateway.conftest import PG_URL, drop_postgres, postgres_available
+from tests.gateway.conftest import (
+    PG_URL,
+    REDIS_URL,
+    config,
+    drop_postgres,
+    drop_redis,
+    postgres_available,
+    redis_available,
+)
+from tests.gateway.fake_upstream import FakeUpstream
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -68,3 +78,40 @@ def test_keys_and_ledger_round_trip(registry_url: str) -> None:
             await registry.close()
 
     asyncio.run(scenario())
+
+
+def test_production_set_up_postgres_registry_and_redis_counters(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    if not (postgres_available() and redis_available()):
+        pytest.skip("needs PostgreSQL and Redis")
+    prefix = f"gwtest_{uuid.uuid4().hex[:12]}"
+    gateway_config = config(
+        upstream,
+        tmp_path,
+        registry=f"{PG_URL}?prefix={prefix}",
+        counters=f"{REDIS_URL}?prefix={prefix}",
+    )
+
+    async def scenario() -> tuple[int, list[LedgerRow]]:
+        gateway = Gateway(gateway_config)
+        try:
+            plain, key = await gateway.create_key(
+                name="prod", budgets=[{"period": "month", "usd_micros": 100}]
+            )
+            body = {"model": "chat", "messages": [{"role": "user", "content": "x"}]}
+            await gateway.chat(plain, {**body, "max_tokens": 3})
+            await gateway.drain()
+            [spent] = await gateway.counters.spent(
+                [f"{key.id}:usd:month:{datetime.now(UTC):%Y-%m}"]
+            )
+            return spent, await gateway.usage(key.id)
+        finally:
+            await gateway.close()
+
+    try:
+        spent, rows = asyncio.run(scenario())
+    finally:
+        drop_postgres(prefix)
+        drop_redis(prefix)
+    assert spent == 13 and [r.cost_micros for r in rows] == [13]
