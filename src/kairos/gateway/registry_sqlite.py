@@ -56,7 +56,7 @@ class SQLiteRegistry:
             ).fetchone()
             return key_from_row(row) if row else None
 
-        return await self._db.run(get)
+        return await self._db.run(get, inline=True)
 
     async def list_keys(self) -> list[KeyRecord]:
         def read(connection: sqlite3.Connection) -> list[KeyRecord]:
@@ -80,14 +80,21 @@ class SQLiteRegistry:
     async def write_rows(self, rows: Sequence[LedgerRow]) -> None:
         def write(connection: sqlite3.Connection) -> None:
             marks = ", ".join("?" * len(LEDGER_COLUMNS.split(",")))
-            connection.execute("begin")
-            connection.executemany(
-                f"insert or ignore into gateway_ledger ({LEDGER_COLUMNS}) values ({marks})",
-                [ledger_to_row(row) for row in rows],
-            )
-            connection.execute("commit")
+            connection.execute("begin immediate")
+            try:
+                connection.executemany(
+                    f"insert or ignore into gateway_ledger ({LEDGER_COLUMNS}) values ({marks})",
+                    [ledger_to_row(row) for row in rows],
+                )
+                connection.execute("commit")
+            except BaseException:
+                if connection.in_transaction:
+                    connection.execute("rollback")
+                raise
 
-        await self._db.run(write)
+        # on the event loop when the file is free: a thread would contend for the GIL with
+        # the requests being served
+        await self._db.run(write, inline=True)
 
     async def read_rows(
         self, key_id: str | None, since: datetime | None, until: datetime | None
