@@ -19,6 +19,7 @@ import numpy as np
 
 from kairos.errors import InvalidInput
 from kairos.models.errors import UnknownModel
+from kairos.models.predictor import Predictor
 from kairos.models.registry import AliasChange, ModelVersion, model_registry_from_url
 from kairos.models.schema import to_matrix
 from kairos.models.store import ModelStore
@@ -53,6 +54,9 @@ class Models:
         self._bound: dict[str, tuple[str, int] | None] = {}  # feature -> (model, version)
         self._checked = time.monotonic()
         self._checking = threading.Lock()
+        # (name, version, alias) -> (record, predictor, looked up at): predict calls do not
+        # read the registry each time; changes here clear it, changes elsewhere age out.
+        self._resolved: dict[tuple[Any, ...], tuple[ModelVersion, Predictor, float]] = {}
 
     # --- the feature graph ------------------------------------------------------------------
 
@@ -195,7 +199,22 @@ class Models:
         self._rebind_if_used(name)
         return change
 
+    def _predictor(
+        self, name: str, version: int | None, alias: str | None
+    ) -> tuple[ModelVersion, Predictor]:
+        key = (name, version, alias)
+        found = self._resolved.get(key)
+        now = time.monotonic()
+        if found is not None and now - found[2] < self._refresh:
+            return found[0], found[1]
+        record, predictor = self.store.predictor(name, version, alias)
+        if len(self._resolved) > 1024:
+            self._resolved.clear()
+        self._resolved[key] = (record, predictor, now)
+        return record, predictor
+
     def _rebind_if_used(self, name: str) -> None:
+        self._resolved.clear()
         if any(options.model == name for _, options, _ in self._features):
             self.rebind()
 
@@ -209,13 +228,13 @@ class Models:
 
         >>> client.models.predict("risk", [{"amount": 12.0, "count": 3}])  # doctest: +SKIP
         """
-        _, predictor = self.store.predictor(name, version, alias)
+        _, predictor = self._predictor(name, version, alias)
         return predictor.predict(rows)
 
     async def predict_async(
         self, name: str, rows: Any, *, version: int | None = None, alias: str | None = None
     ) -> tuple[ModelVersion, np.ndarray]:
-        record, predictor = self.store.predictor(name, version, alias)
+        record, predictor = self._predictor(name, version, alias)
         return record, await predictor.predict_async(rows)
 
     def score(
