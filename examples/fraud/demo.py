@@ -3,7 +3,8 @@
 Generates the seeded SQLite data, starts `kairos serve` on it, asks the server for a risk
 decision's inputs over HTTP (the plan, the values and where each came from, the cache at
 work, the per-node trace, a bulk query over every user, the query log and the metrics), then
-stops the server and reads the decision back from the query log it left on disk.
+stops the server and reads the decision back from the query log it left on disk. Last, one
+question about a user is asked of a real local LLM two ways (llm_demo.py).
 """
 
 import json
@@ -20,6 +21,7 @@ from typing import Any
 
 import kairos as kr
 
+from . import llm_demo
 from .generate import ANCHOR, generate
 
 PROJECT = Path(__file__).parent
@@ -215,6 +217,8 @@ def main() -> None:
         f"{record.query_id[:8]} at {record.now.isoformat()} saw user.risk="
         f"{record.outputs['user.risk'].value:.3f} (`kairos log show {record.query_id}`)"
     )
+
+    llm_demo.main("u0001")  # one question asked of the local LLM two ways
 
 
 def _metric(text: str, name: str) -> float:

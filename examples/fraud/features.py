@@ -2,7 +2,31 @@
 
 from datetime import datetime
 
-from kairos import DataFrame, FeatureTime, Now, Windowed, _, feature, features, predict, windowed
+from kairos import (
+    DataFrame,
+    FeatureTime,
+    Now,
+    Windowed,
+    _,
+    completion,
+    feature,
+    features,
+    message,
+    predict,
+    windowed,
+)
+
+QUESTION_FROM_AGGREGATES = (
+    "Card account of {{ name }}: {{ txn_count['7d'] }} payments in the last 7 days, "
+    "{{ declines['7d'] }} of them declined, average payment {{ avg_ticket['90d'] }} over 90 "
+    "days. Is this account likely to be fraudulent? Answer yes or no, then why:"
+)
+QUESTION_FROM_HISTORY = (
+    "Card account of {{ name }}. Payments, oldest first:\n"
+    "{% for t in transactions %}{{ t.ts.strftime('%Y-%m-%d %H:%M') }} {{ t.merchant }} "
+    "{{ t.amount }} {{ t.status }}\n{% endfor %}"
+    "Is this account likely to be fraudulent? Answer yes or no, then why:"
+)
 
 
 @features
@@ -53,4 +77,20 @@ class User:
             _.account_age_days,
         ],
         alias="prod",
+    )
+    # One question asked of the local LLM two ways (llm_demo.py): from the three aggregates
+    # above, or from the raw transaction history. Same question, very different prompt cost.
+    verdict_from_aggregates: str = completion(
+        model="local/gemma-270m",
+        messages=[message("user", QUESTION_FROM_AGGREGATES)],
+        max_tokens=16,
+        temperature=0,
+        timeout="60s",
+    )
+    verdict_from_history: str = completion(
+        model="local/gemma-270m",
+        messages=[message("user", QUESTION_FROM_HISTORY)],
+        max_tokens=16,
+        temperature=0,
+        timeout="60s",
     )
