@@ -474,3 +474,25 @@ def test_max_tokens_is_clamped_to_the_context_and_an_overlong_prompt_names_its_f
 def test_extra_body_cannot_replace_what_kairos_sets() -> None:
     with pytest.raises(DefinitionError, match="cannot set.*max_tokens"):
         kr.completion(model="gpt-4", messages=[("user", "x")], extra_body={"max_tokens": 9})
+
+
+def test_the_query_log_keeps_a_decisions_llm_calls(
+    provider: tuple[Provider, str], tmp_path: Path
+) -> None:
+    gateway = gateway_for(provider[1], tmp_path)
+    plain, _ = asyncio.run(gateway.create_key(name="log", models=["gpt-4"]))
+    with kr.Client(
+        definitions=[Payment, Shopper, shopper_name],
+        query_log=f"sqlite:///{tmp_path / 'log.db'}",
+        gateway=gateway,
+        llm_key=plain,
+    ) as client:
+        result = client.query({"shopper.id": "s9"}, ["shopper.advice"], now=T0)
+        client.log.flush()
+        record = client.log.get(result.meta.query_id)
+    assert record is not None
+    (logged,) = [t for t in record.trace if t["kind"] == "llm"]
+    (call,) = result.meta.llm
+    assert logged["tokens_by_feature"] == call["tokens_by_feature"]
+    assert logged["prompt_tokens"] == call["prompt_tokens"] and logged["ttft_ms"] > 0
+    assert record.outputs["shopper.advice"].version.startswith("gpt-4#")

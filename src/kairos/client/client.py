@@ -496,6 +496,8 @@ class Client:
             }
             for t in result.trace
         ]
+        if meta.rows == 1:  # the LLM calls of a decision: tokens by feature, each stage's time
+            trace += [{"kind": "llm", **call} for call in meta.llm]
         logged_at = datetime.now(UTC)
         for row in range(meta.rows):
             outputs = {}
