@@ -161,3 +161,12 @@ def test_batch_scoring_of_an_offline_result_and_a_parquet_file(
     )
     with pytest.raises(kr.InvalidInput, match=r"no column 'a'.*takes a, b"):
         client.models.score("score", source)
+
+
+def test_the_trace_tells_model_time_from_the_rest(client: kr.Client) -> None:
+    client.models.register("score", linear(1.0, 1.0), aliases=["prod"], inputs=["a", "b"])
+    result = client.query({Account.id: "acc4"}, [Account.score])
+    kinds = {t.label: t.kind for t in result.trace}
+    assert kinds["model:score:account.score"] == "model"
+    assert kinds["inputs"] == "python"
+    assert "model" in client.explain([Account.id], [Account.score])

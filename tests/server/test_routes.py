@@ -135,7 +135,7 @@ async def test_plan_lists_nodes_in_dependency_order(http: httpx.AsyncClient) -> 
     nodes = {n["id"]: n for n in plan["nodes"]}
     writer = {w: n["id"] for n in plan["nodes"] for w in n["writes"]}
     risk = nodes[writer["user.risk"]]
-    assert (risk["kind"], risk["label"]) == ("python", "model:risk:user.risk")
+    assert (risk["kind"], risk["label"]) == ("model", "model:risk:user.risk")
     assert set(risk["reads"]) == {
         "user.txn_count[1d]",
         "user.txn_count[7d]",
@@ -148,7 +148,7 @@ async def test_plan_lists_nodes_in_dependency_order(http: httpx.AsyncClient) -> 
         for read in node["reads"]:
             if read in writer:  # inputs (user.id) and `now` are not written by a node
                 assert writer[read] in node["after"], (node, read)
-    assert {n["kind"] for n in plan["nodes"]} >= {"sql", "expression", "python"}
+    assert {n["kind"] for n in plan["nodes"]} >= {"sql", "expression", "model"}
 
 
 async def test_the_log_returns_exactly_what_a_query_returned(http: httpx.AsyncClient) -> None:
@@ -282,7 +282,7 @@ async def test_metrics_count_requests_latency_resolvers_and_cache_hits(
     resolvers = samples["kairos_resolver_latency_seconds_count"]
     assert value_of(resolvers, resolver="user", kind="sql") == 2  # u0001 once, u0002 once
     assert value_of(resolvers, resolver="transactions", kind="sql") == 2
-    assert value_of(resolvers, resolver="model:risk:user.risk", kind="python") == 2
+    assert value_of(resolvers, resolver="model:risk:user.risk", kind="model") == 2
     hits = first["meta"]["cache_hits"] + second["meta"]["cache_hits"]
     assert hits == len(OUTPUTS)
     assert value_of(samples["kairos_cache_hits_total"]) == hits

@@ -35,6 +35,8 @@ class ModelUnavailable(KairosError, LookupError):
 class ModelResolver(Resolver[..., Any]):
     """Runs one registered model version for one `kr.predict` feature."""
 
+    node_kind = "model"  # plan nodes, traces and metrics tell model time from the rest
+
     def __init__(
         self,
         output: FeatureRef,

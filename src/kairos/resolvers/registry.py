@@ -47,7 +47,7 @@ class BoundResolver:
     outputs: tuple[str, ...]  # feature names in `namespace`
     shape: str  # one | many | rows
     runner: Runner
-    kind: str = "python"  # python | sql
+    kind: str = "python"  # python | sql | model
 
     @property
     def name(self) -> str:
@@ -146,7 +146,13 @@ def _bind(graph: Graph, resolver: Resolver[..., Any]) -> BoundResolver:
                     "or the resolver"
                 )
         return BoundResolver(
-            resolver, namespace, inputs, tuple(outputs), signature_shape, PythonRunner(resolver)
+            resolver,
+            namespace,
+            inputs,
+            tuple(outputs),
+            signature_shape,
+            PythonRunner(resolver),
+            getattr(resolver, "node_kind", "python"),  # "model" for kr.predict features
         )
     except DefinitionError:
         raise
