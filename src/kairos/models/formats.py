@@ -21,8 +21,10 @@ import importlib
 import io
 import json
 import pickle
+import shutil
 import tarfile
 import tempfile
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -458,6 +460,8 @@ def _load_custom(data: bytes, extra: dict[str, Any]) -> Infer:
     def infer(rows: np.ndarray) -> np.ndarray:
         return np.asarray(model.predict(_frame(rows, inputs)))
 
+    # The model may read its files at any time; they go when the model is unloaded.
+    weakref.finalize(infer, shutil.rmtree, folder, True)
     return infer
 
 
