@@ -472,7 +472,7 @@ def test_max_tokens_is_clamped_to_the_context_and_an_overlong_prompt_names_its_f
 
 
 def test_extra_body_cannot_replace_what_kairos_sets() -> None:
-    with pytest.raises(DefinitionError, match="cannot set.*max_tokens"):
+    with pytest.raises(DefinitionError, match=r"cannot set.*max_tokens"):
         kr.completion(model="gpt-4", messages=[("user", "x")], extra_body={"max_tokens": 9})
 
 
