@@ -56,10 +56,21 @@ class Client:
     def __init__(self, port: int, headers: dict[str, str]) -> None:
         self.port = port
         self.head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.reconnects = 0
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        try:
+            return await self._post(path, body)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            # the server closed the kept-alive connection: reconnect once, as clients do
+            self.close()
+            self.reconnects += 1
+            print(f"note: port {self.port} closed a kept-alive connection", file=sys.stderr)
+            return await self._post(path, body)
+
+    async def _post(self, path: str, body: bytes) -> tuple[int, bytes]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         assert self.reader is not None
@@ -86,6 +97,7 @@ class Client:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        self.reader = self.writer = None
 
 
 async def latencies(
