@@ -56,8 +56,15 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if not self.complete:
-            self._fail(HTTPFailure("the upstream closed the connection", connected=True))
+        if self.complete:
+            return
+        delimited = "content-length" in self.headers or "chunked" in self.headers.get(
+            "transfer-encoding", ""
+        )
+        if exc is None and self.head is not None and self.head.done() and not delimited:
+            self.on_message_complete()  # a body that ends when the connection does
+            return
+        self._fail(HTTPFailure("the upstream closed the connection", connected=True))
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
