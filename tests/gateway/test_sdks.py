@@ -36,6 +36,10 @@ def test_chat_completion(served: ServerThread, upstream: FakeUpstream) -> None:
     assert (row["tokens_in"], row["tokens_out"], row["cost_micros"]) == (TOKENS_IN, 3, 13)
     assert row["model_requested"] == "chat" and row["provider"] == "fake"
     assert row["status"] == "ok" and row["route"] == "chat"
+    metrics = httpx.get(f"{served.url}/metrics").text
+    assert 'kairos_gateway_cost_micros_total{model="chat"} 13.0' in metrics
+    assert 'kairos_gateway_tokens_total{direction="out",model="chat"} 3.0' in metrics
+    assert 'kairos_gateway_calls_total{model="chat",provider="fake",status="ok"} 1.0' in metrics
 
 
 def test_max_tokens_is_always_forwarded(served: ServerThread, upstream: FakeUpstream) -> None:

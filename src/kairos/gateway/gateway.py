@@ -202,6 +202,8 @@ class Gateway:
         self.ledger = LedgerWriter(self.registry)
         self._keys: dict[str, tuple[float, KeyRecord | None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # called with each ledger row as it is written (the HTTP app's metrics listen here)
+        self.observers: list[Callable[[LedgerRow], None]] = []
 
     # --- keys ----------------------------------------------------------------------------
 
@@ -534,23 +536,24 @@ class _Call:
 
     def log(self, deployment: Deployment | None, provider: Provider | None, status: str) -> None:
         deployment = deployment or self.deployment
-        self.gateway.ledger.add(
-            LedgerRow(
-                request_id=self.request_id,
-                key_id=self.key.id,
-                route=self.route,
-                model_requested=self.model,
-                model_dispatched=deployment.group if deployment else None,
-                provider=deployment.provider if deployment else None,
-                deployment=deployment.model if deployment else None,
-                tokens_in=self.tokens_in,
-                tokens_out=self.tokens_out,
-                cost_micros=self.cost,
-                price_version=self.gateway.config.prices.version,
-                ttft_ms=self.ttft * 1000 if self.ttft is not None else None,
-                latency_ms=(time.perf_counter() - self.started) * 1000,
-                status=status,
-                attempts=self.attempts,
-                created_at=self.created_at,
-            )
+        row = LedgerRow(
+            request_id=self.request_id,
+            key_id=self.key.id,
+            route=self.route,
+            model_requested=self.model,
+            model_dispatched=deployment.group if deployment else None,
+            provider=deployment.provider if deployment else None,
+            deployment=deployment.model if deployment else None,
+            tokens_in=self.tokens_in,
+            tokens_out=self.tokens_out,
+            cost_micros=self.cost,
+            price_version=self.gateway.config.prices.version,
+            ttft_ms=self.ttft * 1000 if self.ttft is not None else None,
+            latency_ms=(time.perf_counter() - self.started) * 1000,
+            status=status,
+            attempts=self.attempts,
+            created_at=self.created_at,
         )
+        self.gateway.ledger.add(row)
+        for observe in self.gateway.observers:
+            observe(row)

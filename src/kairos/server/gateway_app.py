@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 from kairos.gateway.anthropic import chat_to_message, message_events, messages_to_chat
 from kairos.gateway.errors import GatewayError, InvalidRequest, Unauthenticated
 from kairos.gateway.gateway import Gateway, Stream
-from kairos.gateway.ledger import summarize
+from kairos.gateway.ledger import LedgerRow, summarize
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,32 @@ class _Metrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )  # fmt: skip
+        self.calls = Counter(
+            "kairos_gateway_calls", "Calls by model group, provider and status",
+            ["model", "provider", "status"], registry=self.registry,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "kairos_gateway_tokens", "Tokens billed", ["model", "direction"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.cost = Counter(
+            "kairos_gateway_cost_micros", "Micro-dollars billed", ["model"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "kairos_gateway_ttft_seconds", "Time to the provider's first byte", ["model"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=self.registry,
+        )  # fmt: skip
+
+    def observe(self, row: LedgerRow) -> None:
+        model = row.model_dispatched or row.model_requested
+        self.calls.labels(model, row.provider or "-", row.status).inc()
+        if row.tokens_in or row.tokens_out:
+            self.tokens.labels(model, "in").inc(row.tokens_in)
+            self.tokens.labels(model, "out").inc(row.tokens_out)
+            self.cost.labels(model).inc(row.cost_micros)
+        if row.ttft_ms is not None:
+            self.ttft.labels(model).observe(row.ttft_ms / 1000)
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -135,6 +161,7 @@ class GatewayServer:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.metrics = _Metrics()
+        gateway.observers.append(self.metrics.observe)
 
     def route(self, name: str, handler: Handler, *, anthropic: bool = False) -> Handler:
         shape = anthropic_error if anthropic else openai_error
