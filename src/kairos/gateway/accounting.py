@@ -14,8 +14,9 @@ Counters: `{key}:usd:{period}:{stamp}` (micro-dollars), `{key}:tok:{period}:{sta
 
 from __future__ import annotations
 
+import itertools
+import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,6 +28,15 @@ from kairos.gateway.prices import Price
 from kairos.gateway.providers import Usage
 
 _CLAMP_TRIES = 5
+_PROCESS = os.urandom(8).hex()  # ids are this process's prefix and a counter: no syscall each
+_COUNTER = itertools.count()
+
+
+def new_id() -> str:
+    """An id unique across processes (64 random bits per process, then a counter)."""
+    return f"{_PROCESS}{next(_COUNTER):012x}"
+
+
 _WINDOW = 120.0  # seconds a one-minute rate counter is kept
 
 
@@ -60,17 +70,31 @@ class Accountant:
         self.counters = counters
         self.lease = lease
         self.clock = clock
+        self._stamp_second = -1
+        self._stamp: dict[str, str] = {}
+
+    def _stamps(self, now: float) -> dict[str, str]:
+        """Period stamps (UTC) of this second: minute, day, month, total."""
+        second = int(now)
+        if self._stamp_second != second:
+            moment = datetime.fromtimestamp(second, UTC)
+            self._stamp = {
+                "minute": moment.strftime("%Y%m%d%H%M"),
+                "day": moment.strftime("%Y-%m-%d"),
+                "month": moment.strftime("%Y-%m"),
+                "total": "all",
+            }
+            self._stamp_second = second
+        return self._stamp
 
     def lines(self, key: KeyRecord, price: Price, input_tokens: int, max_tokens: int) -> list[Line]:
         now = self.clock()
-        moment = datetime.fromtimestamp(now, UTC)
-        minute = moment.strftime("%Y%m%d%H%M")
+        stamps = self._stamps(now)
+        minute = stamps["minute"]
         tokens = input_tokens + max_tokens
         lines = []
         for budget in key.budgets:
-            stamp = {"day": moment.strftime("%Y-%m-%d"), "month": moment.strftime("%Y-%m")}.get(
-                budget.period, "all"
-            )
+            stamp = stamps[budget.period]
             if budget.usd_micros is not None:
                 lines.append(
                     Line(
@@ -89,7 +113,7 @@ class Accountant:
 
     async def hold(self, key: KeyRecord, price: Price, input_tokens: int, max_tokens: int) -> Hold:
         """Reserve the worst case, clamping `max_tokens` to what the budgets cover."""
-        hold_id = uuid.uuid4().hex
+        hold_id = new_id()
         wanted = max_tokens
         refused: int | None = 0
         lines: list[Line] = []

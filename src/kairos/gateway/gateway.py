@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import orjson
 
 from kairos.gateway import requests, sse
-from kairos.gateway.accounting import Accountant, Hold, Settlement, input_bound
+from kairos.gateway.accounting import Accountant, Hold, Settlement, input_bound, new_id
 from kairos.gateway.config import Deployment, GatewayConfig
 from kairos.gateway.counters import Counters, counters_from_url
 from kairos.gateway.errors import (
@@ -378,7 +377,7 @@ class _Call:
         self.stream = stream
         self.wanted = wanted
         self.bound = bound
-        self.request_id = uuid.uuid4().hex
+        self.request_id = new_id()
         self.started = time.perf_counter()
         self.created_at = datetime.now(UTC)
         self.attempts = 0

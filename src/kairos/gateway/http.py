@@ -175,6 +175,7 @@ class Response:
 class HTTPClient:
     def __init__(self) -> None:
         self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
+        self._targets: dict[str, tuple[tuple[str, int, bool], str, str]] = {}
         self._ssl: ssl.SSLContext | None = None
 
     async def request(
@@ -188,13 +189,7 @@ class HTTPClient:
         connect_timeout: float = 5.0,
     ) -> Response:
         """Send a request; return once the response's headers arrived."""
-        parts = urlsplit(url)
-        tls = parts.scheme == "https"
-        host = parts.hostname or "127.0.0.1"
-        port = parts.port or (443 if tls else 80)
-        origin = (host, port, tls)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        netloc = host if parts.port is None else f"{host}:{port}"
+        origin, path, netloc = self._target(url)
         lines = [f"{method} {path} HTTP/1.1", f"host: {netloc}", f"content-length: {len(body)}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         raw = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
@@ -219,6 +214,19 @@ class HTTPClient:
                 )
             raise
         return Response(self, origin, connection, timeout)
+
+    def _target(self, url: str) -> tuple[tuple[str, int, bool], str, str]:
+        """(origin, path, host header) of a URL, parsed once."""
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            tls = parts.scheme == "https"
+            host = parts.hostname or "127.0.0.1"
+            port = parts.port or (443 if tls else 80)
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            netloc = host if parts.port is None else f"{host}:{port}"
+            target = self._targets[url] = ((host, port, tls), path, netloc)
+        return target
 
     def _idle_connection(self, origin: tuple[str, int, bool]) -> _Connection | None:
         idle = self._idle.get(origin)
