@@ -9,6 +9,7 @@ project's `kr.predict` features bound to the versions their aliases point at.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -33,12 +34,15 @@ if TYPE_CHECKING:
 
     from kairos.client.client import Client
 
+logger = logging.getLogger("kairos.models")
+
 
 class Models:
     """The client's model registry; every alias change re-binds `kr.predict` features."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
+        self._made: list[ModelResolver] = []  # the kr.predict resolvers bound last
         config = client.config.models
         base = client.config.base_dir or Path.cwd()
         registry = config.registry or f"sqlite:///{base / '.kairos' / 'models.db'}"
@@ -86,7 +90,17 @@ class Models:
             )
         self._bound = bound
         self._checked = time.monotonic()
+        self._made = made
         return made
+
+    def warm(self) -> None:
+        """Load the predictor of every `kr.predict` feature (a failure stays that feature's
+        error at query time)."""
+        for resolver in self._made:
+            try:
+                resolver.warm()
+            except Exception as error:  # reported when a query needs the model
+                logger.warning("model %s not loaded ahead: %s", resolver.version, error)
 
     def rebind(self) -> None:
         """Build the resolvers and planner again, so new plans use the versions the aliases

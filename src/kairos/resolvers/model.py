@@ -86,6 +86,12 @@ class ModelResolver(Resolver[..., Any]):
         predict.__name__ = predict.__qualname__ = f"predict_{self.output.name}"
         return predict
 
+    def warm(self) -> None:
+        """Load the predictor now (a server does before it takes traffic), so the first query
+        does not spend its resolver timeout loading the model."""
+        if self.record is not None and self.problem is None and self._predictor is None:
+            self._predictor = self._load(self.record)
+
     async def predict_columns(self, columns: tuple[list[Any], ...]) -> list[Any]:
         """One model call (through the micro-batcher) for every entity of a query."""
         if self._touch is not None:

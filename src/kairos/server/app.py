@@ -486,6 +486,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await asyncio.to_thread(client.models.warm)  # models load before the first query
         yield
         if close_client:
             await client.aclose()
