@@ -52,3 +52,83 @@ def test_deploy_serves_until_sigterm(tiny_model: Path, tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_deploy_with_gateway_registers_the_group_as_one_model_group(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    import asyncio
+    import os
+    import socket
+
+    from kairos.gateway import Gateway, GatewayConfig
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (tmp_path / "kairos.yaml").write_text(
+        "gateway:\n"
+        "  pepper_env: TEST_DEPLOY_PEPPER\n"
+        f"  registry: sqlite:///{tmp_path / 'gateway.db'}\n"
+        f"  counters: sqlite:///{tmp_path / 'gateway.db'}\n"
+    )
+    environ = {**os.environ, "TEST_DEPLOY_PEPPER": "pepper"}
+    config = GatewayConfig.from_mapping(
+        {
+            "pepper_env": "TEST_DEPLOY_PEPPER",
+            "registry": f"sqlite:///{tmp_path / 'gateway.db'}",
+            "counters": f"sqlite:///{tmp_path / 'gateway.db'}",
+        },
+        base_dir=tmp_path,
+        environ=environ,
+    )
+
+    async def create() -> str:
+        gateway = Gateway(config)
+        key, _ = await gateway.create_key(name="t", models=["tiny"])
+        await gateway.close()
+        return key
+
+    key = asyncio.run(create())
+    command = [
+        sys.executable, "-m", "kairos.cli", "deploy", "llm", "tiny", "--model", str(tiny_model),
+        "--ctx", "256", "--threads", "1", "--log-dir", str(tmp_path / "logs"),
+        "--gateway", "--project", str(tmp_path), "--gateway-port", str(port),
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ
+    )
+    try:
+        assert process.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 60
+        while not any("gateway on" in line for line in lines):
+            assert time.monotonic() < deadline and process.poll() is None, "".join(lines)
+            lines.append(process.stdout.readline())
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "a"}],
+                "max_tokens": 3, "ignore_eos": True}  # fmt: skip
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] == 3
+        refused = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body)
+        assert refused.status_code == 401  # the gateway's keys apply to the group
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+        assert process.returncode == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+    async def ledger() -> list[tuple[str, int]]:
+        gateway = Gateway(config)
+        rows = await gateway.usage()
+        await gateway.close()
+        return [(row.model_requested, row.tokens_out) for row in rows]
+
+    assert asyncio.run(ledger()) == [("tiny", 3)]

