@@ -72,7 +72,9 @@ class Stream:
         self.request_id = request_id
         self.include_usage = include_usage
         self._drain = drain
-        self._queue: asyncio.Queue[bytes | dict[str, Any] | None] = asyncio.Queue()
+        # what the pump read and the reader has not taken yet; None marks the end
+        self._arrived: list[bytes | dict[str, Any] | None] = []
+        self._waiter: asyncio.Future[None] | None = None
         self._client_gone = False
         self.delivered = False  # the client read every chunk
         self._deadline: asyncio.Timeout | None = None
@@ -86,7 +88,8 @@ class Stream:
     ) -> None:
         usage = chunk_usage(first)
         status = "ok"
-        self._queue.put_nowait(first)
+        arrive = self._arrive
+        arrive(first)
         try:
             async with asyncio.timeout(None) as deadline:
                 self._deadline = deadline
@@ -95,33 +98,40 @@ class Stream:
                 async for chunk in upstream:
                     usage = chunk_usage(chunk) or usage
                     if not self._client_gone:
-                        self._queue.put_nowait(chunk)
+                        arrive(chunk)
         except UpstreamError as error:
             status = "upstream_error"
-            self._queue.put_nowait(
-                {"error": {"message": error.message, "type": error.kind, "code": error.code}}
-            )
+            arrive({"error": {"message": error.message, "type": error.kind, "code": error.code}})
         except TimeoutError:
             status = "drain_timeout"
         except Exception as error:  # never leave the client or the hold hanging
             status = "internal_error"
-            self._queue.put_nowait(
+            arrive(
                 {"error": {"message": f"internal error ({type(error).__name__})",
                            "type": "api_error", "code": "internal_error"}}
             )  # fmt: skip
         finally:
             with contextlib.suppress(Exception):
                 await upstream.aclose()  # type: ignore[attr-defined]
-            self._queue.put_nowait(None)
+            arrive(None)
             if self._client_gone and status == "ok":
                 status = "client_disconnected"
             await on_end(usage, status)
+
+    def _arrive(self, item: bytes | dict[str, Any] | None) -> None:
+        self._arrived.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def client_left(self) -> None:
         """The client is gone: read on only until the usage arrives or `drain` runs out."""
         self._client_gone = True
         if self._deadline is not None:
             self._deadline.reschedule(asyncio.get_running_loop().time() + self._drain)
+        waiter = self._waiter  # a reader waiting for chunks stops
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _hidden(self, chunk: bytes) -> bool:
         """The usage-only chunk the gateway asked for when the client did not."""
@@ -129,32 +139,41 @@ class Stream:
             return False
         return not orjson.loads(chunk).get("choices")
 
-    async def _batches(self) -> AsyncIterator[list[bytes | dict[str, Any]]]:
-        """What has arrived, in batches: everything queued when the reader gets to it."""
+    async def _batches(self) -> AsyncIterator[tuple[list[bytes | dict[str, Any]], bool]]:
+        """What has arrived, in batches (everything the pump read before the reader got to
+        it), each with whether it is the last."""
         finished = False
-        queue = self._queue
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                batch = [await queue.get()]
-                while not queue.empty():
-                    batch.append(queue.get_nowait())
+                if not self._arrived:
+                    waiter = self._waiter = loop.create_future()
+                    try:
+                        await waiter
+                    finally:
+                        self._waiter = None
+                    if self._client_gone:
+                        return
+                batch, self._arrived = self._arrived, []
                 ended = batch[-1] is None
                 items = [
                     item
                     for item in (batch[:-1] if ended else batch)
                     if item is not None and (isinstance(item, dict) or not self._hidden(item))
                 ]
-                if items:
-                    yield items
                 if ended:
-                    break
-            finished = self.delivered = True
+                    # before the last batch goes out: its reader may stop right after it
+                    finished = self.delivered = True
+                    yield items, True
+                    return
+                if items:
+                    yield items, False
         finally:
             if not finished:
                 self.client_left()
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        async for batch in self._batches():
+        async for batch, _ in self._batches():
             for item in batch:
                 if isinstance(item, dict):
                     yield item
@@ -164,17 +183,29 @@ class Stream:
                         chunk.pop("usage", None)
                     yield chunk
 
+    async def frame_batches(self) -> AsyncIterator[tuple[bytes, bool]]:
+        """Server-sent event frames, those that arrived together joined, each batch with
+        whether it is the last (so a server can end the response in the same write); the
+        last ends with `data: [DONE]` unless an error came first."""
+        failed = False
+        async for batch, last in self._batches():
+            frames = []
+            for item in batch:
+                if isinstance(item, dict):
+                    failed = True
+                    frames.append(sse.encode(item))
+                else:
+                    frames.append(sse.frame(item))
+            if last and not failed:
+                frames.append(sse.DONE)
+            yield b"".join(frames), last
+
     async def frames(self) -> AsyncIterator[bytes]:
         """Server-sent event frames (those that arrived together in one write), ending with
         `data: [DONE]` unless an error came first."""
-        failed = False
-        async for batch in self._batches():
-            failed = failed or any(isinstance(item, dict) for item in batch)
-            yield b"".join(
-                sse.encode(item) if isinstance(item, dict) else sse.frame(item) for item in batch
-            )
-        if not failed:
-            yield sse.DONE
+        async for frames, _ in self.frame_batches():
+            if frames:
+                yield frames
 
     async def wait(self) -> None:
         """Until the upstream is read, the call settled and logged."""

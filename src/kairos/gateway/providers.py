@@ -132,16 +132,25 @@ async def json_reply(provider: ProviderConfig, response: Response) -> dict[str, 
     return reply
 
 
+async def refusal(provider: ProviderConfig, response: Response) -> UpstreamError:
+    """The UpstreamError for a streamed call answered with something other than 200."""
+    try:
+        text = await response.read()
+    except HTTPFailure as error:
+        return transport_failure(provider, error)
+    return upstream_failure(provider, response.status, text)
+
+
 async def event_stream(provider: ProviderConfig, response: Response) -> AsyncIterator[sse.Event]:
     """The events of a 200 streamed answer; failures after it are `accepted` UpstreamErrors."""
     if response.status != 200:
-        try:
-            text = await response.read()
-        except HTTPFailure as error:
-            raise transport_failure(provider, error) from None
-        raise upstream_failure(provider, response.status, text)
+        raise await refusal(provider, response)
+    parser = sse.Parser()
     try:
-        async for event in sse.events(response.lines()):
+        async for piece in response.chunks():
+            for event in parser.feed(piece):
+                yield event
+        for event in parser.close():
             yield event
     except HTTPFailure as error:
         raise transport_failure(provider, error, accepted=True) from None
@@ -183,24 +192,36 @@ class OpenAICompatible:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         url = self._url(kind)
         response = await post(self._client, self.config, url, self._headers, body, timeout)
-        events = event_stream(self.config, response)
+        if response.status != 200:
+            raise await refusal(self.config, response)
+        # the body parsed here, not through event_stream: one generator less per chunk
+        parser = sse.Parser()
         done = False
         try:
-            async for event in events:
-                data = event.data
-                if done or data.startswith(b"[DONE]"):
-                    done = True  # read on to the body's end, so the connection can be reused
-                    continue
-                if not data.startswith(b"{"):
-                    raise UpstreamError(
-                        f"provider {self.name!r} streamed an event that is not a JSON object",
-                        accepted=True,
-                    )
-                if b'"error"' in data:
-                    self._raise_if_error(data)
-                yield data
+            async for piece in response.chunks():
+                for event in parser.feed(piece):
+                    if done or event.data.startswith(b"[DONE]"):
+                        done = True  # read on to the body's end, so the connection is reused
+                        continue
+                    yield self._chunk(event.data)
+            for event in parser.close():
+                if not done and not event.data.startswith(b"[DONE]"):
+                    yield self._chunk(event.data)
+        except HTTPFailure as error:
+            raise transport_failure(self.config, error, accepted=True) from None
         finally:
-            await events.aclose()  # type: ignore[attr-defined]
+            response.close()
+
+    def _chunk(self, data: bytes) -> bytes:
+        """A streamed event's data, checked to be a chunk (not an in-band error)."""
+        if not data.startswith(b"{"):
+            raise UpstreamError(
+                f"provider {self.name!r} streamed an event that is not a JSON object",
+                accepted=True,
+            )
+        if b'"error"' in data:
+            self._raise_if_error(data)
+        return data
 
     def _raise_if_error(self, data: bytes) -> None:
         try:

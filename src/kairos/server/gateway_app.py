@@ -7,6 +7,7 @@ key. The model comes from the JSON body only: query parameters are not read.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
@@ -19,7 +20,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -135,26 +136,50 @@ class _TooLarge(InvalidRequest):
         super().__init__(f"the body is over {MAX_BODY} bytes; send a smaller request")
 
 
-class _SSEResponse(StreamingResponse):
-    """An event stream whose client, if it goes away, is reported to the Stream: the gateway
-    then reads the upstream on (bounded) to bill the call."""
+class _SSEResponse(Response):
+    """An event stream written straight to the ASGI `send`, one message per batch of frames
+    (the last one also ends the response). A client that goes away is reported to the Stream
+    (which stops its reader): the gateway then reads the upstream on (bounded) to bill it."""
 
-    def __init__(self, content: AsyncIterator[bytes], stream: Stream) -> None:
+    def __init__(self, content: AsyncIterator[tuple[bytes, bool]], stream: Stream) -> None:
         super().__init__(
-            content,
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-request-id": stream.request_id},
         )
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self.content = content
         self.stream = stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watcher = asyncio.ensure_future(self._watch(receive))
         try:
-            await super().__call__(scope, receive, send)
+            await send(
+                {"type": "http.response.start", "status": self.status_code,
+                 "headers": self.raw_headers}
+            )  # fmt: skip
+            async for body, last in self.content:
+                if watcher.done():
+                    break
+                await send({"type": "http.response.body", "body": body, "more_body": not last})
+                if last:
+                    break
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except (OSError, ClientDisconnect):
             pass  # the client went away; the upstream is read on and billed regardless
         finally:
+            watcher.cancel()
+            with contextlib.suppress(Exception):
+                await self.content.aclose()  # type: ignore[attr-defined]
             if not self.stream.delivered:
                 self.stream.client_left()
+
+    async def _watch(self, receive: Receive) -> None:
+        """Until the client disconnects; then the stream stops waiting for it."""
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not self.stream.delivered:
+            self.stream.client_left()
 
 
 class GatewayServer:
@@ -213,7 +238,7 @@ class GatewayServer:
         if not isinstance(reply, Stream):
             return _json(reply)
 
-        return _SSEResponse(reply.frames(), reply)
+        return _SSEResponse(reply.frame_batches(), reply)
 
     # --- Anthropic route -------------------------------------------------------------------
 
@@ -224,7 +249,8 @@ class GatewayServer:
         reply = await self.gateway.messages_chat(key, chat)
         if not isinstance(reply, Stream):
             return _json(chat_to_message(reply, body["model"]))
-        return _SSEResponse(message_events(aiter(reply), body["model"], reply.request_id), reply)
+        events = message_events(aiter(reply), body["model"], reply.request_id)
+        return _SSEResponse(((event, False) async for event in events), reply)
 
     # --- admin -----------------------------------------------------------------------------
 
