@@ -16,6 +16,7 @@ tokenizer where kairos has it.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import threading
 from collections.abc import Callable
@@ -96,6 +97,8 @@ def gguf_tokenizer(path: str) -> Tokenizer:
 
     with _GGUF_LOCK:
         vocab = Llama(model_path=path, vocab_only=True, verbose=False)
+    # freed before the interpreter tears down llama.cpp's bindings, which its __del__ needs
+    atexit.register(vocab.close)
     lengths = [v for k, v in vocab.metadata.items() if k.endswith(".context_length")]
     context = int(lengths[0]) if lengths and str(lengths[0]).isdigit() else None
 
