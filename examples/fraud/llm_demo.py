@@ -53,6 +53,7 @@ async def ask(uid: str) -> list[dict[str, Any]]:
                 name="fraud-demo", models=[GROUP], budgets=[{"period": "day", "tokens": 50000}]
             )
             client = kr.Client(PROJECT, gateway=gateway, llm_key=key)
+            client.llm.warm()  # Gemma's vocabulary, which counts the prompts' tokens
             answers = []
             try:
                 for feature in FEATURES:

@@ -107,6 +107,12 @@ class GatewayCompleter:
             self._tokenizers[model] = found
         return found
 
+    def warm(self) -> None:
+        """Load the tokenizers named in `llm.tokenizers` (a GGUF vocabulary takes a moment),
+        so a first prompt's context assembly does not include it."""
+        for model in self._tokenizer_files:
+            self.tokenizer(model)
+
     def context(self, model: str, tokenizer: Tokenizer) -> int | None:
         """The context window a prompt must fit: `llm.context` in kairos.yaml (what a
         deployment was started with), else what the model's tokenizer knows."""

@@ -487,6 +487,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(client.models.warm)  # models load before the first query
+        await asyncio.to_thread(client.llm.warm)  # and the tokenizers LLM features count with
         yield
         if close_client:
             await client.aclose()
