@@ -20,7 +20,7 @@ import hashlib
 import re
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
@@ -408,6 +408,7 @@ class DuckDBOfflineStore(OneFeatureWrites):
                             "update kairos_offline_segments set ties = true where table_name = ?",
                             [segment.table],
                         )
+                        segment = replace(segment, ties=True)
                 finally:
                     connection.unregister("kairos_batch")
                 connection.execute("commit")
@@ -417,7 +418,7 @@ class DuckDBOfflineStore(OneFeatureWrites):
                 if isinstance(error, duckdb.Error):
                     raise KairosError(f"{self!r}: cannot write {names!r}: {error}") from None
                 raise
-            self._load_catalog(connection)
+            self._segments[segment.table] = segment  # what was committed: no catalog re-read
 
     def asof(
         self,
