@@ -105,18 +105,20 @@ class Prompt:
         values: Mapping[str, Any],
         empty: Mapping[str, Any],
         count: Callable[[str], int],
+        rendered: Sequence[Mapping[str, str]] | None = None,
     ) -> dict[str, int]:
         """Tokens of the rendered messages per feature (by difference; see the module), plus
-        TEMPLATE for the rest; the values sum to the tokens of all messages' contents."""
+        TEMPLATE for the rest; the values sum to the tokens of all messages' contents.
+        `rendered` is `render(values)` when the caller already has it."""
 
-        def tokens(of: Mapping[str, Any]) -> int:
-            return sum(count(m["content"]) for m in self.render(of))
+        def tokens(messages: Sequence[Mapping[str, str]]) -> int:
+            return sum(count(m["content"]) for m in messages)
 
-        total = tokens(values)
+        total = tokens(self.render(values) if rendered is None else rendered)
         found: dict[str, int] = {}
         for name in sorted(self.variables & set(values)):
             try:
-                without = tokens({**values, name: empty[name]})
+                without = tokens(self.render({**values, name: empty[name]}))
             except PromptError:  # e.g. a filter that needs a number: count the value alone
                 without = total - count(str(values[name]))
             found[name] = max(total - without, 0)

@@ -13,6 +13,7 @@ it reports them (`kairos_timings`, as kairos' own llama.cpp worker does).
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import json
 import time
@@ -148,7 +149,7 @@ class CompletionResolver(Resolver[..., Any]):
         fn = self._make_function()
         super().__init__(fn, "online", options.timeout, f"llm:{output.fqn}")
 
-    @property
+    @functools.cached_property
     def version(self) -> str:
         """The model and a hash of the prompt, so the query log says what produced a value."""
         import hashlib
@@ -199,7 +200,7 @@ class CompletionResolver(Resolver[..., Any]):
         started = time.perf_counter()
         messages = self.prompt.render(values)
         tokenizer = completer.tokenizer(options.model)
-        by_feature = self.prompt.attribute(values, self.inputs.empty(), tokenizer.count)
+        by_feature = self.prompt.attribute(values, self.inputs.empty(), tokenizer.count, messages)
         body: dict[str, Any] = {
             "model": options.model,
             "messages": messages,
