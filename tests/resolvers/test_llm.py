@@ -287,13 +287,15 @@ def test_the_sandbox_keeps_python_internals_out_of_prompts(
 
     gateway = gateway_for(provider[1], tmp_path)
     plain, _ = asyncio.run(gateway.create_key(name="probe", models=["*"]))
+    sent = len(provider[0].received)
     with kr.Client(
         definitions=[Probe, probe_name], query_log="none://", gateway=gateway, llm_key=plain
     ) as client:
         result = client.query({"probe.id": "p"}, ["probe.leak"])
     (error,) = result.errors
     assert error.feature == "probe.leak" and "__class__" in error.message
-    assert "object" not in str(result.get_value("probe.leak"))
+    assert result.get_value("probe.leak") is None
+    assert len(provider[0].received) == sent  # nothing of Python's internals left the process
 
 
 @pytest.fixture
