@@ -135,7 +135,7 @@ def counters_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 def served(upstream: FakeUpstream, tmp_path: Path) -> Iterator[ServerThread]:
     """The default gateway served over HTTP; `served.gateway` is the Gateway behind it."""
     gateway = Gateway(config(upstream, tmp_path))
-    with ServerThread(create_gateway_app(gateway)) as server:
+    with ServerThread(create_gateway_app(gateway), kairos=True) as server:
         server.gateway = gateway  # type: ignore[attr-defined]
         yield server
         server.call(gateway.close())

@@ -28,6 +28,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from kairos.server.http1 import Server
+
 T = TypeVar("T")
 TOKENS_IN = 10
 
@@ -114,9 +116,14 @@ class FakeUpstream:
         if mode == "timed" and self.delay:
             await asyncio.sleep(self.delay)
         yield frame({"role": "assistant", "content": ""})
+        # chunk i is due at start + (i + 1) * pause, like a provider whose tokens come at its
+        # own pace: a late wake-up (this machine is shared with the caller) delays one chunk,
+        # it does not push back every chunk after it
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         for index in range(out):
             if pause:
-                await asyncio.sleep(pause)
+                await asyncio.sleep(max(0.0, start + (index + 1) * pause - loop.time()))
             if index == 2 and mode == "cut":
                 raise RuntimeError("scripted cut")  # uvicorn drops the connection
             if index == 2 and mode == "broken":
@@ -211,32 +218,48 @@ def free_port() -> int:
 
 
 class ServerThread:
-    """An ASGI app served by uvicorn on 127.0.0.1 in a background thread (its own loop)."""
+    """An ASGI app served on 127.0.0.1 in a background thread (its own loop): by uvicorn, or,
+    with `kairos=True`, by kairos' own HTTP/1.1 server (what `kairos gateway serve` runs)."""
 
-    def __init__(self, app: Any, *, port: int | None = None, loop: str = "asyncio") -> None:
+    def __init__(
+        self, app: Any, *, port: int | None = None, loop: str = "asyncio", kairos: bool = False
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="error", lifespan="off",
-            loop=loop, http="httptools", access_log=False,
-        )  # fmt: skip
-        self.server = uvicorn.Server(config)
+        self.server: uvicorn.Server | Server
+        if kairos:
+            self.server = Server(app)
+        else:
+            config = uvicorn.Config(
+                app, host="127.0.0.1", port=self.port, log_level="error", lifespan="off",
+                loop=loop, http="httptools", access_log=False,
+            )  # fmt: skip
+            self.server = uvicorn.Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
+        server = self.server
         try:
-            self.loop.run_until_complete(self.server.serve())
+            if isinstance(server, Server):
+                self.loop.run_until_complete(server.serve("127.0.0.1", self.port))
+            else:
+                self.loop.run_until_complete(server.serve())
         finally:
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.close()
 
+    @property
+    def started(self) -> bool:
+        server = self.server
+        return server.started.is_set() if isinstance(server, Server) else server.started
+
     def __enter__(self) -> ServerThread:
         self.thread.start()
         deadline = time.monotonic() + 10
-        while not self.server.started:
+        while not self.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
                 raise RuntimeError("the test server did not start")
             time.sleep(0.01)
@@ -248,5 +271,10 @@ class ServerThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
+        server = self.server
+        if isinstance(server, Server):
+            assert self.loop is not None
+            self.loop.call_soon_threadsafe(server.stop)
+        else:
+            server.should_exit = True
         self.thread.join(10)

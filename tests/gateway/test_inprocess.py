@@ -51,7 +51,7 @@ def test_anthropic_callers_get_anthropic_errors(upstream: FakeUpstream, tmp_path
     gateway = Gateway(config(upstream, tmp_path, models=models))
     from kairos.server.gateway_app import create_gateway_app
 
-    with ServerThread(create_gateway_app(gateway)) as server:
+    with ServerThread(create_gateway_app(gateway), kairos=True) as server:
         server.gateway = gateway  # type: ignore[attr-defined]
         sdk = anthropic.Anthropic(base_url=server.url, api_key=new_key(server), max_retries=0)
         with pytest.raises(anthropic.APIStatusError) as failed:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import anthropic
 import httpx
 import openai
 import pytest
 
 from kairos.gateway import Gateway
-from tests.gateway.conftest import PROVIDER_SECRET, new_key
+from kairos.server.gateway_app import create_gateway_app
+from tests.gateway.conftest import PROVIDER_SECRET, config, new_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
 
 
@@ -214,3 +218,24 @@ def test_usage_by_key_and_period_over_http(served: ServerThread) -> None:
     assert future["requests"] == 0
     bad = httpx.get(f"{served.url}/admin/usage", params={"since": "soon"}, headers=admin)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "since"
+
+
+def test_the_app_is_plain_asgi_uvicorn_serves_it_alike(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """`kairos gateway serve` runs kairos' own HTTP server; the app is ASGI, so uvicorn (or any
+    ASGI server) serves the same answers."""
+    gateway = Gateway(config(upstream, tmp_path))
+    with ServerThread(create_gateway_app(gateway)) as server:  # uvicorn
+        server.gateway = gateway  # type: ignore[attr-defined]
+        sdk = client(server, new_key(server))
+        messages: list[Any] = [{"role": "user", "content": "hi"}]
+        reply = sdk.chat.completions.create(model="chat", messages=messages, max_tokens=3)
+        assert reply.choices[0].message.content == "tok tok tok "
+        chunks = list(
+            sdk.chat.completions.create(model="chat", messages=messages, max_tokens=2, stream=True)
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "tok tok "
+        assert httpx.get(f"{server.url}/v1/nothing").status_code == 404
+        assert [row["status"] for row in ledger(server)] == ["ok", "ok"]
+        server.call(gateway.close())

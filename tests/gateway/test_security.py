@@ -58,7 +58,7 @@ def test_allow_list_cannot_be_bypassed(upstream: FakeUpstream, tmp_path: Path) -
     gateway = Gateway(config(upstream, tmp_path, models=models, aliases={"fast": "secret"}))
     from kairos.server.gateway_app import create_gateway_app
 
-    with ServerThread(create_gateway_app(gateway)) as server:
+    with ServerThread(create_gateway_app(gateway), kairos=True) as server:
         server.gateway = gateway  # type: ignore[attr-defined]
         key = new_key(server, models=["chat", "fast"])  # an alias name grants nothing
         body = {"model": "secret", "messages": HI}

@@ -42,7 +42,7 @@ def routed(upstream: FakeUpstream, tmp_path: Path) -> Iterator[ServerThread]:
         },
     }
     gateway = Gateway(config(upstream, tmp_path, models=models))
-    with ServerThread(create_gateway_app(gateway)) as server:
+    with ServerThread(create_gateway_app(gateway), kairos=True) as server:
         server.gateway = gateway  # type: ignore[attr-defined]
         yield server
         server.call(gateway.close())

@@ -137,24 +137,19 @@ async def _serve_gateway(
     settings: tuple[dict[str, Any], Path, int], group: Any, say: Callable[[str], None]
 ) -> Any:
     """Start the gateway app on this loop with `group` as one of its providers."""
-    import uvicorn
-
     from kairos.gateway import Gateway, GatewayConfig
     from kairos.llm.group_provider import DeploymentProvider
     from kairos.server.gateway_app import create_gateway_app
+    from kairos.server.http1 import Server
 
     merged, folder, port = settings
     config = GatewayConfig.from_mapping(merged, base_dir=folder, where=f"{folder} gateway")
     if not config.pepper:
         raise KairosError("set gateway.pepper_env in kairos.yaml: keys are hashed with it")
     gateway = Gateway(config, providers={group.name: DeploymentProvider(group)})
-    app = create_gateway_app(gateway, close_gateway=True)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=config.host, port=port, log_level="warning", access_log=False,
-                       lifespan="on")
-    )  # fmt: skip
-    task = asyncio.create_task(server.serve())
-    while not server.started:
+    server = Server(create_gateway_app(gateway, close_gateway=True))
+    task = asyncio.create_task(server.serve(config.host, port))
+    while not server.started.is_set():
         if task.done():
             task.result()  # raises why it could not start
             raise KairosError(f"the gateway did not start on {config.host}:{port}")
@@ -201,7 +196,7 @@ async def _supervise(
     finally:
         if served is not None:  # the gateway first: calls in flight settle, then replicas drain
             server, task = served
-            server.should_exit = True
+            server.stop()
             await task
         await group.stop()
     return 0

@@ -191,11 +191,10 @@ def _usage(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import gc
 
-    import uvicorn
-
     from kairos.cli.serve import is_local
     from kairos.gateway import Gateway, GatewayConfig
     from kairos.server.gateway_app import create_gateway_app
+    from kairos.server.http1 import serve
 
     config = GatewayConfig.load(args.project)
     host, port = args.host or config.host, args.port or config.port
@@ -206,20 +205,12 @@ def _serve(args: argparse.Namespace) -> int:
             f"refusing to serve on {host} without an admin key; set gateway.admin_key_env"
         )
     app = create_gateway_app(Gateway(config), close_gateway=True)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            loop="uvloop",
-            http="httptools",
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-        )
-    )
     gc.collect()
     gc.freeze()
-    print(f"kairos gateway on http://{host}:{port} ({len(config.models)} model groups)", flush=True)
-    server.run()
+
+    def started() -> None:
+        models = len(config.models)
+        print(f"kairos gateway on http://{host}:{port} ({models} model groups)", flush=True)
+
+    serve(app, host, port, on_start=started)
     return 0

@@ -116,6 +116,9 @@ class Stream:
             arrive(None)
             if self._client_gone and status == "ok":
                 status = "client_disconnected"
+            # the reader writes the last frames first: settling and logging are not the client's
+            # to wait for
+            await asyncio.sleep(0)
             await on_end(usage, status)
 
     def _arrive(self, item: bytes | dict[str, Any] | None) -> None:
@@ -427,10 +430,7 @@ class _Call:
                 param="model",
             )
         candidates = router.candidates(group, key.allows)
-        last: GatewayError = UpstreamError(
-            f"every deployment of model {self.model!r} is failing (circuits open); retry shortly",
-            status=503,
-        )
+        last: GatewayError | None = None
         tried = 0
         for deployment in candidates:
             if tried > gateway.config.retries:
@@ -474,7 +474,10 @@ class _Call:
                 if not error.retryable:
                     raise
                 last = error
-        raise last
+        raise last or UpstreamError(
+            f"every deployment of model {self.model!r} is failing (circuits open); retry shortly",
+            status=503,
+        )
 
     def _upstream_body(self, deployment: Deployment, hold: Hold) -> dict[str, Any]:
         body = {**self.body, "model": deployment.model}

@@ -161,6 +161,15 @@ class _Body:
         )
 
 
+class _HeadTimeout(Exception):
+    pass
+
+
+def _expire_head(head: asyncio.Future[None]) -> None:
+    if not head.done():
+        head.set_exception(_HeadTimeout())
+
+
 def _expire(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -247,10 +256,11 @@ class HTTPClient:
         if connection is None:
             reused = False
             connection = await self._connect(origin, connect_timeout)
+        head = connection.start(raw)
+        timer = asyncio.get_running_loop().call_later(timeout, _expire_head, head)
         try:
-            async with asyncio.timeout(timeout):
-                await connection.start(raw)
-        except TimeoutError:
+            await head
+        except _HeadTimeout:
             connection.close()
             raise HTTPFailure(
                 f"no answer from the upstream in {timeout:g}s", connected=True, timed_out=True
@@ -262,6 +272,8 @@ class HTTPClient:
                     method, url, headers, body, timeout, connect_timeout=connect_timeout
                 )
             raise
+        finally:
+            timer.cancel()
         return Response(self, origin, connection, timeout)
 
     def _target(self, url: str) -> tuple[tuple[str, int, bool], str, str]:

@@ -3,6 +3,10 @@ routes, Anthropic's `/v1/messages`, and the admin API. Each handler parses, call
 `kairos.gateway.Gateway`, formats. Errors come in the OpenAI error shape (Anthropic's on
 /v1/messages) with a 4xx status naming the field and the fix; never a stack trace, never a
 key. The model comes from the JSON body only: query parameters are not read.
+
+It is a bare ASGI app, not a framework's: a proxy's whole job is to add nothing, and routing
+by one dict lookup, reading headers from the scope and writing replies straight to `send`
+costs a fraction of a framework's request and response objects and middleware per call.
 """
 
 from __future__ import annotations
@@ -12,17 +16,13 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
-from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from kairos.gateway.anthropic import chat_to_message, message_events, messages_to_chat
 from kairos.gateway.errors import GatewayError, InvalidRequest, Unauthenticated
@@ -32,7 +32,10 @@ from kairos.gateway.ledger import LedgerRow, summarize
 logger = logging.getLogger(__name__)
 
 MAX_BODY = 8 * 1024 * 1024
-Handler = Callable[[Request], Awaitable[Response]]
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -69,22 +72,58 @@ class _Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=self.registry,
         )  # fmt: skip
 
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """A metric's child for `labels`, looked up once (prometheus' own lookup takes a lock
+        and checks every label on every call)."""
+        child = self._children.get((metric, *labels))
+        if child is None:
+            child = self._children[(metric, *labels)] = metric.labels(*labels)
+        return child
+
+    def answered(self, route: str, status: int, seconds: float) -> None:
+        self._child(self.requests, route, str(status)).inc()
+        self._child(self.latency, route).observe(seconds)
+
     def observe(self, row: LedgerRow) -> None:
         model = row.model_dispatched or row.model_requested
-        self.calls.labels(model, row.provider or "-", row.status).inc()
+        child = self._child
+        child(self.calls, model, row.provider or "-", row.status).inc()
         if row.tokens_in or row.tokens_out:
-            self.tokens.labels(model, "in").inc(row.tokens_in)
-            self.tokens.labels(model, "out").inc(row.tokens_out)
-            self.cost.labels(model).inc(row.cost_micros)
+            child(self.tokens, model, "in").inc(row.tokens_in)
+            child(self.tokens, model, "out").inc(row.tokens_out)
+            child(self.cost, model).inc(row.cost_micros)
         if row.ttft_ms is not None:
-            self.ttft.labels(model).observe(row.ttft_ms / 1000)
+            child(self.ttft, model).observe(row.ttft_ms / 1000)
 
 
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+class Reply:
+    """A whole answer: status, body and extra headers, written with two `send` calls."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(
+        self, body: bytes, status: int = 200, headers: list[tuple[bytes, bytes]] | None = None,
+        media_type: bytes = b"application/json",
+    ) -> None:  # fmt: skip
+        self.body = body
+        self.status = status
+        self.headers = [
+            (b"content-type", media_type), (b"content-length", b"%d" % len(body)),
+            *(headers or ()),
+        ]  # fmt: skip
+
+    async def __call__(self, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        await send({"type": "http.response.body", "body": self.body})
 
 
-def openai_error(error: GatewayError) -> Response:
+def _json(body: Any, status: int = 200) -> Reply:
+    return Reply(orjson.dumps(body), status)
+
+
+def openai_error(error: GatewayError) -> Reply:
     body = {
         "error": {
             "message": error.message,
@@ -93,15 +132,64 @@ def openai_error(error: GatewayError) -> Response:
             "code": error.code,
         }
     }
-    response = _json(body, error.status)
+    reply = _json(body, error.status)
     if error.status == 401:
-        response.headers["WWW-Authenticate"] = 'Bearer realm="kairos-gateway"'
-    return response
+        reply.headers.append((b"www-authenticate", b'Bearer realm="kairos-gateway"'))
+    return reply
 
 
-def anthropic_error(error: GatewayError) -> Response:
+def anthropic_error(error: GatewayError) -> Reply:
     kind = _ANTHROPIC_TYPES.get(error.status, "api_error")
     return _json({"type": "error", "error": {"type": kind, "message": error.message}}, error.status)
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its request was read: nobody to answer."""
+
+
+class Request:
+    """What a handler reads of an HTTP request: headers (lower-case names), the query string,
+    the part of the path after a route's prefix, and the body (read once, size-checked)."""
+
+    __slots__ = ("_receive", "headers", "method", "path", "rest", "scope")
+
+    def __init__(self, scope: Scope, receive: Receive, rest: str = "") -> None:
+        self.scope = scope
+        self._receive = receive
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.rest = rest
+        self.headers: dict[str, str] = {
+            name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]
+        }
+
+    def query(self) -> dict[str, str]:
+        return dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1")))
+
+    async def body(self) -> bytes:
+        declared = self.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY:
+            raise _TooLarge()
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone()
+            part: bytes = message.get("body", b"")
+            if not message.get("more_body", False) and not parts:
+                if len(part) > MAX_BODY:
+                    raise _TooLarge()
+                return part  # the usual case: the whole body in one message
+            size += len(part)
+            if size > MAX_BODY:
+                raise _TooLarge()
+            parts.append(part)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+
+Handler = Callable[[Request], Awaitable["Reply | _SSEReply"]]
 
 
 def presented_key(request: Request) -> str | None:
@@ -113,12 +201,7 @@ def presented_key(request: Request) -> str | None:
 
 
 async def read_body(request: Request) -> dict[str, Any]:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
-        raise _TooLarge()
     raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise _TooLarge()
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -136,27 +219,26 @@ class _TooLarge(InvalidRequest):
         super().__init__(f"the body is over {MAX_BODY} bytes; send a smaller request")
 
 
-class _SSEResponse(Response):
+class _SSEReply:
     """An event stream written straight to the ASGI `send`, one message per batch of frames
     (the last one also ends the response). A client that goes away is reported to the Stream
     (which stops its reader): the gateway then reads the upstream on (bounded) to bill it."""
 
+    status = 200
+
     def __init__(self, content: AsyncIterator[tuple[bytes, bool]], stream: Stream) -> None:
-        super().__init__(
-            media_type="text/event-stream",
-            headers={"cache-control": "no-cache", "x-request-id": stream.request_id},
-        )
-        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self.content = content
         self.stream = stream
+        self.headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-request-id", stream.request_id.encode()),
+        ]
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, receive: Receive, send: Send) -> None:
         watcher = asyncio.ensure_future(self._watch(receive))
         try:
-            await send(
-                {"type": "http.response.start", "status": self.status_code,
-                 "headers": self.raw_headers}
-            )  # fmt: skip
+            await send({"type": "http.response.start", "status": 200, "headers": self.headers})
             async for body, last in self.content:
                 if watcher.done():
                     break
@@ -165,7 +247,7 @@ class _SSEResponse(Response):
                     break
             else:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except (OSError, ClientDisconnect):
+        except OSError:
             pass  # the client went away; the upstream is read on and billed regardless
         finally:
             watcher.cancel()
@@ -188,41 +270,23 @@ class GatewayServer:
         self.metrics = _Metrics()
         gateway.observers.append(self.metrics.observe)
 
-    def route(self, name: str, handler: Handler, *, anthropic: bool = False) -> Handler:
-        shape = anthropic_error if anthropic else openai_error
-
-        async def wrapped(request: Request) -> Response:
-            started = time.perf_counter()
-            try:
-                response = await handler(request)
-            except GatewayError as error:
-                response = shape(error)
-            except Exception as error:  # never a stack trace (nor a key) to the client
-                logger.error("gateway %s failed: %s", name, type(error).__name__)
-                response = shape(_Internal(type(error).__name__))
-            self.metrics.requests.labels(name, str(response.status_code)).inc()
-            self.metrics.latency.labels(name).observe(time.perf_counter() - started)
-            return response
-
-        return wrapped
-
     # --- OpenAI routes ---------------------------------------------------------------------
 
-    async def chat(self, request: Request) -> Response:
+    async def chat(self, request: Request) -> Reply | _SSEReply:
         key = await self.gateway.authenticate(presented_key(request))
         reply = await self.gateway.chat(key, await read_body(request))
         return self._openai(reply)
 
-    async def completions(self, request: Request) -> Response:
+    async def completions(self, request: Request) -> Reply | _SSEReply:
         key = await self.gateway.authenticate(presented_key(request))
         reply = await self.gateway.completion(key, await read_body(request))
         return self._openai(reply)
 
-    async def embeddings(self, request: Request) -> Response:
+    async def embeddings(self, request: Request) -> Reply:
         key = await self.gateway.authenticate(presented_key(request))
         return _json(await self.gateway.embedding(key, await read_body(request)))
 
-    async def models(self, request: Request) -> Response:
+    async def models(self, request: Request) -> Reply:
         key = await self.gateway.authenticate(presented_key(request))
         return _json(
             {
@@ -234,15 +298,14 @@ class GatewayServer:
             }
         )
 
-    def _openai(self, reply: dict[str, Any] | Stream) -> Response:
+    def _openai(self, reply: dict[str, Any] | Stream) -> Reply | _SSEReply:
         if not isinstance(reply, Stream):
             return _json(reply)
-
-        return _SSEResponse(reply.frame_batches(), reply)
+        return _SSEReply(reply.frame_batches(), reply)
 
     # --- Anthropic route -------------------------------------------------------------------
 
-    async def messages(self, request: Request) -> Response:
+    async def messages(self, request: Request) -> Reply | _SSEReply:
         key = await self.gateway.authenticate(presented_key(request))
         body = await read_body(request)
         chat = messages_to_chat(body)
@@ -250,7 +313,7 @@ class GatewayServer:
         if not isinstance(reply, Stream):
             return _json(chat_to_message(reply, body["model"]))
         events = message_events(aiter(reply), body["model"], reply.request_id)
-        return _SSEResponse(((event, False) async for event in events), reply)
+        return _SSEReply(((event, False) async for event in events), reply)
 
     # --- admin -----------------------------------------------------------------------------
 
@@ -262,25 +325,25 @@ class GatewayServer:
         if not hmac.compare_digest(given.encode(), expected.encode()):
             raise Unauthenticated("the admin API needs the admin key (gateway keys cannot use it)")
 
-    async def create_key(self, request: Request) -> Response:
+    async def create_key(self, request: Request) -> Reply:
         self._admin(request)
         plain, record = await self.gateway.create_key(**await read_body(request))
         return _json({**record.public(), "key": plain}, 201)  # the only time it is shown
 
-    async def list_keys(self, request: Request) -> Response:
+    async def list_keys(self, request: Request) -> Reply:
         self._admin(request)
         return _json({"keys": [k.public() for k in await self.gateway.list_keys()]})
 
-    async def revoke_key(self, request: Request) -> Response:
+    async def revoke_key(self, request: Request) -> Reply:
         self._admin(request)
-        ident = request.path_params["key_id"]
+        ident = request.rest
         if not await self.gateway.revoke_key(ident):
             raise _NotFound(f"no active key {ident!r}; GET /admin/keys lists them")
         return _json({"id": ident, "revoked": True})
 
-    async def usage(self, request: Request) -> Response:
+    async def usage(self, request: Request) -> Reply:
         self._admin(request)
-        params = request.query_params
+        params = request.query()
         since, until = _time(params.get("since"), "since"), _time(params.get("until"), "until")
         rows = await self.gateway.usage(params.get("key"), since, until)
         body = summarize(rows)
@@ -288,12 +351,12 @@ class GatewayServer:
             body["rows"] = [row.as_dict() for row in rows]
         return _json(body)
 
-    async def healthz(self, request: Request) -> Response:
+    async def healthz(self, request: Request) -> Reply:
         return _json({"status": "ok"})
 
-    async def metrics_endpoint(self, request: Request) -> Response:
-        return Response(
-            generate_latest(self.metrics.registry), media_type="text/plain; version=0.0.4"
+    async def metrics_endpoint(self, request: Request) -> Reply:
+        return Reply(
+            generate_latest(self.metrics.registry), media_type=b"text/plain; version=0.0.4"
         )
 
 
@@ -311,6 +374,11 @@ class _NotFound(GatewayError):
     code = "not_found"
 
 
+class _NotAllowed(GatewayError):
+    status = 405
+    code = "method_not_allowed"
+
+
 def _time(value: str | None, name: str) -> datetime | None:
     if value is None:
         return None
@@ -323,44 +391,97 @@ def _time(value: str | None, name: str) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def create_gateway_app(gateway: Gateway, *, close_gateway: bool = False) -> Starlette:
+class _Route:
+    __slots__ = ("anthropic", "handler", "name")
+
+    def __init__(self, name: str, handler: Handler, anthropic: bool = False) -> None:
+        self.name = name
+        self.handler = handler
+        self.anthropic = anthropic
+
+
+class GatewayApp:
+    """The ASGI app: exact paths in one dict, `/admin/keys/{id}` by its prefix; lifespan
+    shutdown settles calls in flight, writes the ledger and closes the stores (with
+    `close_gateway`)."""
+
+    def __init__(self, gateway: Gateway, *, close_gateway: bool = False) -> None:
+        self.gateway = gateway
+        self.server = server = GatewayServer(gateway)
+        self.close_gateway = close_gateway
+        self.routes: dict[str, dict[str, _Route]] = {
+            "/v1/chat/completions": {"POST": _Route("chat", server.chat)},
+            "/v1/completions": {"POST": _Route("completions", server.completions)},
+            "/v1/embeddings": {"POST": _Route("embeddings", server.embeddings)},
+            "/v1/models": {"GET": _Route("models", server.models)},
+            "/v1/messages": {"POST": _Route("messages", server.messages, anthropic=True)},
+            "/admin/keys": {
+                "POST": _Route("admin_keys", server.create_key),
+                "GET": _Route("admin_keys", server.list_keys),
+            },
+            "/admin/usage": {"GET": _Route("admin_usage", server.usage)},
+            "/healthz": {"GET": _Route("healthz", server.healthz)},
+            "/metrics": {"GET": _Route("metrics", server.metrics_endpoint)},
+        }
+        self.revoke = {"DELETE": _Route("admin_revoke", server.revoke_key)}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        path: str = scope["path"]
+        methods = self.routes.get(path)
+        rest = ""
+        if methods is None:
+            if path.startswith("/admin/keys/") and "/" not in path[12:] and path[12:]:
+                methods, rest = self.revoke, path[12:]
+            elif path.endswith("/") and path.rstrip("/") in self.routes:
+                methods = self.routes[path.rstrip("/")]
+            else:
+                await openai_error(_NotFound(f"no route {scope['method']} {path}"))(receive, send)
+                return
+        route = methods.get(scope["method"])
+        if route is None:
+            error = _NotAllowed(f"{scope['method']} is not allowed on {path}")
+            await openai_error(error)(receive, send)
+            return
+        try:
+            reply = await route.handler(Request(scope, receive, rest))
+        except GatewayError as error:
+            reply = (anthropic_error if route.anthropic else openai_error)(error)
+        except _ClientGone:
+            return
+        except Exception as error:  # never a stack trace (nor a key) to the client
+            logger.error("gateway %s failed: %s", route.name, type(error).__name__)
+            reply = (anthropic_error if route.anthropic else openai_error)(
+                _Internal(type(error).__name__)
+            )
+        self.server.metrics.answered(route.name, reply.status, time.perf_counter() - started)
+        await reply(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                try:
+                    if self.close_gateway:
+                        await self.gateway.close()
+                except Exception as error:
+                    logger.error("gateway shutdown failed: %s", type(error).__name__)
+                    await send({"type": "lifespan.shutdown.failed", "message": str(error)})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def create_gateway_app(gateway: Gateway, *, close_gateway: bool = False) -> GatewayApp:
     """The ASGI app serving `gateway`; with `close_gateway`, shutdown settles calls in flight,
     writes the ledger and closes the stores."""
-    server = GatewayServer(gateway)
-    r = server.route
-    routes = [
-        Route("/v1/chat/completions", r("chat", server.chat), methods=["POST"]),
-        Route("/v1/completions", r("completions", server.completions), methods=["POST"]),
-        Route("/v1/embeddings", r("embeddings", server.embeddings), methods=["POST"]),
-        Route("/v1/models", r("models", server.models), methods=["GET"]),
-        Route("/v1/messages", r("messages", server.messages, anthropic=True), methods=["POST"]),
-        Route("/admin/keys", r("admin_keys", server.create_key), methods=["POST"]),
-        Route("/admin/keys", r("admin_keys", server.list_keys), methods=["GET"]),
-        Route("/admin/keys/{key_id}", r("admin_revoke", server.revoke_key), methods=["DELETE"]),
-        Route("/admin/usage", r("admin_usage", server.usage), methods=["GET"]),
-        Route("/healthz", r("healthz", server.healthz), methods=["GET"]),
-        Route("/metrics", r("metrics", server.metrics_endpoint), methods=["GET"]),
-    ]
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return openai_error(_NotFound(f"no route {request.method} {request.url.path}"))
-
-    async def not_allowed(request: Request, exc: Exception) -> Response:
-        error = _NotFound(f"{request.method} is not allowed on {request.url.path}")
-        error.status = 405
-        error.code = "method_not_allowed"
-        return openai_error(error)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        if close_gateway:
-            await gateway.close()
-
-    app = Starlette(
-        routes=routes,
-        exception_handlers={404: not_found, 405: not_allowed},
-        lifespan=lifespan,
-    )
-    app.state.gateway = gateway
-    return app
+    return GatewayApp(gateway, close_gateway=close_gateway)
