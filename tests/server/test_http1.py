@@ -43,12 +43,16 @@ class App:
         path = scope["path"]
         body = b""
         while True:
+            if path == "/slow-reader":
+                await asyncio.sleep(0.001)
             message = await receive()
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
         if path == "/boom":
             raise RuntimeError("a bug in the app")
+        if path == "/nothing":
+            return  # an app bug too: no response at all
         if path == "/slow":
             await self.release.wait()
         if path == "/stream":  # no content-length: chunked, until the client leaves
@@ -284,5 +288,50 @@ def test_httpx_against_it() -> None:
             assert [len(r.content) for r in replies] == [9, 10, 70_009]
             async with client.stream("GET", "/stream") as streamed:
                 assert b"".join([p async for p in streamed.aiter_bytes()]) == b"part0;part1;part2;"
+
+    asyncio.run(main())
+
+
+def test_declined_upgrades_bad_requests_after_good_ones_and_stalled_heads() -> None:
+    async def main() -> None:
+        async with serving(App(), keep_alive=0.3) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            # an h2c / websocket offer is answered in HTTP/1.1, and the connection goes on
+            writer.write(
+                b"GET /up HTTP/1.1\r\nhost: t\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n"
+            )
+            assert (await read_response(reader))[:3:2] == (200, b"GET /up  ")
+            # a good request then garbage: the good one is answered, then the 400
+            writer.write(b"GET /v HTTP/1.1\r\nhost: t\r\n\r\nGARBAGE\r\n\r\n")
+            assert (await read_response(reader))[:3:2] == (200, b"GET /v  ")
+            assert (await read_response(reader))[0] == 400
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            writer.close()
+            # half a head, then silence: closed after keep_alive, not held forever
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /x HTTP/1.1\r\nhost: t\r\n")
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            writer.close()
+
+    asyncio.run(main())
+
+
+def test_http10_without_length_no_response_and_a_big_upload_to_a_slow_reader() -> None:
+    async def main() -> None:
+        async with serving(App()) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /stream HTTP/1.0\r\n\r\n")  # no chunked encoding in 1.0
+            data = await asyncio.wait_for(reader.read(), 5)
+            assert b"transfer-encoding" not in data
+            assert data.endswith(b"\r\n\r\npart0;part1;part2;")
+            writer.close()
+            status, _, body = await request(port, b"GET /nothing HTTP/1.1\r\nhost: t\r\n\r\n")
+            assert (status, body) == (500, b"Internal Server Error")
+            upload = bytes(range(256)) * 8192  # 2 MiB, read by the app a piece at a time
+            raw = b"POST /slow-reader HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n" % len(
+                upload
+            )
+            status, _, body = await request(port, raw + upload)
+            assert (status, body) == (200, b"POST /slow-reader  " + upload)
 
     asyncio.run(main())

@@ -41,6 +41,7 @@ App = Callable[
 ]
 
 MAX_HEAD = 64 * 1024  # bytes of request line and headers
+MAX_BUFFERED = 256 * 1024  # request body bytes held before reading pauses for the app
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _STATUS = {
     status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode() for status in HTTPStatus
@@ -52,7 +53,7 @@ class _Cycle:
 
     __slots__ = (
         "body", "chunked", "complete", "connection", "continue_pending", "head", "keep_alive",
-        "more", "remaining", "response_complete", "response_started", "scope", "waiter",
+        "more", "remaining", "response_complete", "response_started", "scope", "waiters",
     )  # fmt: skip
 
     def __init__(self, connection: _Connection, scope: Scope, keep_alive: bool) -> None:
@@ -62,7 +63,7 @@ class _Cycle:
         self.body: list[bytes] = []
         self.complete = False  # the whole request body arrived
         self.more = True
-        self.waiter: asyncio.Future[None] | None = None
+        self.waiters: list[asyncio.Future[None]] = []
         self.response_started = False
         self.response_complete = False
         self.head = b""  # the response's head, sent with the first body bytes
@@ -71,9 +72,11 @@ class _Cycle:
         self.continue_pending = False
 
     def wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if self.waiters:
+            for waiter in self.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self.waiters = []
 
     async def receive(self) -> Message:
         connection = self.connection
@@ -94,11 +97,9 @@ class _Cycle:
         return {"type": "http.disconnect"}
 
     async def _wait(self) -> None:
-        self.waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self.waiter
-        finally:
-            self.waiter = None
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        await waiter
 
     async def send(self, message: Message) -> None:
         connection = self.connection
@@ -125,16 +126,17 @@ class _Cycle:
             if not more:
                 data += b"0\r\n\r\n"
         else:
-            if len(body) > self.remaining:
-                raise RuntimeError("the response body is longer than its content-length")
-            self.remaining -= len(body)
+            if self.remaining >= 0:  # -1: no length, the body ends when the connection does
+                if len(body) > self.remaining:
+                    raise RuntimeError("the response body is longer than its content-length")
+                self.remaining -= len(body)
             data = body
         if self.head:
             data, self.head = self.head + data, b""
         if data:
             connection.write(data)
         if not more:
-            if self.remaining and self.scope["method"] != "HEAD":
+            if self.remaining > 0 and self.scope["method"] != "HEAD":
                 raise RuntimeError("the response body is shorter than its content-length")
             self.response_complete = True
             self.wake()
@@ -157,12 +159,17 @@ class _Cycle:
             parts += (name, b": ", value, b"\r\n")
         no_body = self.scope["method"] == "HEAD" or status in (204, 304) or status < 200
         if length is not None:
-            self.remaining = length
-        elif not no_body:
+            self.remaining = 0 if no_body else length
+        elif no_body:
+            pass
+        elif self.scope["http_version"] == "1.0":
+            self.keep_alive = False  # no chunked encoding in HTTP/1.0: the close ends the body
+            self.remaining = -1
+        else:
             self.chunked = True
             parts.append(b"transfer-encoding: chunked\r\n")
-        if self.connection.server.stopping:
-            self.keep_alive = False
+        if self.connection.server.stopping or not self.complete:
+            self.keep_alive = False  # a body not read to its end leaves the connection unusable
         if not self.keep_alive:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
@@ -185,6 +192,9 @@ class _Connection(asyncio.Protocol):
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_size = 0
+        self._in_head = False  # between a request's first byte and the end of its headers
+        self._head_bytes = 0  # bytes received while a head was incomplete
+        self._error: tuple[int, bytes] | None = None  # a bad request after the one answered
         self._current: _Cycle | None = None  # the request being parsed
         self._queue: deque[_Cycle] = deque()  # parsed, waiting for the one before to answer
         self._active: _Cycle | None = None  # the request the app is answering
@@ -201,18 +211,30 @@ class _Connection(asyncio.Protocol):
         self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._refuse(400, b"upgrades are not supported")
+        except httptools.HttpParserUpgrade as upgrade:
+            # an offer to switch protocols (h2c, websocket) is declined by answering in
+            # HTTP/1.1; the bytes after the head are the next request
+            if self.parser.get_method() == b"CONNECT":
+                self._refuse(400, b"CONNECT is not supported")
+                return
+            self.parser = httptools.HttpRequestParser(self)
+            offset = upgrade.args[0] if upgrade.args else len(data)
+            if offset < len(data):
+                self.data_received(data[offset:])
+            return
         except httptools.HttpParserError:  # also what a callback raised, wrapped
             if self._head_size > MAX_HEAD:
                 self._refuse(431, b"request head too large")
             else:
                 self._refuse(400, b"invalid HTTP request")
+            return
+        if self._in_head:  # the parser holds an unfinished head: bound it
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD:
+                self._head_size = self._head_bytes
+                self._refuse(431, b"request head too large")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -241,6 +263,7 @@ class _Connection(asyncio.Protocol):
         self._url = b""
         self._headers = []
         self._head_size = 0
+        self._in_head = True
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -256,6 +279,11 @@ class _Connection(asyncio.Protocol):
             raise _HeadTooLarge()
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
+        if self._idle is not None:  # a request is here: no idle close until it is answered
+            self._idle.cancel()
+            self._idle = None
         url = httptools.parse_url(self._url)
         raw_path = url.path
         scope: Scope = {
@@ -290,6 +318,8 @@ class _Connection(asyncio.Protocol):
             cycle.body.append(body)
             if cycle is self._active:
                 cycle.wake()
+            if sum(map(len, cycle.body)) > MAX_BUFFERED:
+                self.pause_reading()  # until the app reads (receive() resumes)
 
     def on_message_complete(self) -> None:
         cycle = self._current
@@ -309,9 +339,16 @@ class _Connection(asyncio.Protocol):
     async def _run(self, cycle: _Cycle) -> None:
         try:
             await self.server.app(cycle.scope, cycle.receive, cycle.send)
+            failed = not cycle.response_complete
+            if failed and not self.closed:
+                logger.error("the app returned without finishing its response")
         except Exception as error:  # the app's own bug: a 500, never its details
             logger.error("request failed in the app: %s", type(error).__name__)
-            if not cycle.response_started and not self.closed:
+            failed = True
+        try:
+            if failed and (not cycle.response_started or cycle.head) and not self.closed:
+                cycle.response_started, cycle.head, cycle.chunked = False, b"", False
+                cycle.keep_alive = False
                 body = b"Internal Server Error"
                 await cycle.send({"type": "http.response.start", "status": 500, "headers": [
                     (b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body)),
@@ -331,12 +368,20 @@ class _Connection(asyncio.Protocol):
         if self._queue:
             self._start(self._queue.popleft())
             return
+        if self._error is not None:
+            self._refuse(*self._error)
+            return
         self.resume_reading()
         if self._current is None:
             self._arm_idle()
 
     def _refuse(self, status: int, message: bytes) -> None:
-        if self._active is None and not self.closed:
+        if self._active is not None or self._queue:
+            # requests before the bad one are answered first, then the refusal
+            self._error = (status, message)
+            self.pause_reading()
+            return
+        if not self.closed:
             self.write(
                 _STATUS[status] + b"content-type: text/plain\r\nconnection: close\r\n"
                 b"content-length: %d\r\n\r\n%b" % (len(message), message)
@@ -377,6 +422,11 @@ class _Connection(asyncio.Protocol):
         if not self.closed and self.transport is not None:
             self.closed = True
             self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.closed = True
+            self.transport.abort()
 
 
 class _HeadTooLarge(Exception):
@@ -429,10 +479,18 @@ class Server:
             listener.close()
             for connection in list(self.connections):
                 connection.close_if_idle()
+            late: set[asyncio.Task[None]] = set()
             if self.tasks:
-                await asyncio.wait(list(self.tasks), timeout=self.grace)
+                _, late = await asyncio.wait(list(self.tasks), timeout=self.grace)
             for connection in list(self.connections):
-                connection.close()
+                if late:  # past the grace: cut them, whatever is still unsent
+                    connection.abort()
+                else:
+                    connection.close()
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=5)
             await listener.wait_closed()
             await self._lifespan.shutdown()
 
