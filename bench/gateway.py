@@ -3,15 +3,19 @@ directly in the same run (and, when it is installed, the LiteLLM proxy set up al
 
     .venv/bin/python bench/gateway.py [--requests 200] [--seconds 5] [--litellm PATH]
 
-Processes: the fake provider (tests/gateway/fake_upstream.py under uvicorn+uvloop, one
-process), `kairos gateway serve` (one process, SQLite counters and ledger, a key with a USD
-budget so every call is held and settled), and this load generator (uvloop, one keep-alive
-HTTP/1.1 connection per client, closed loop). The same client drives the upstream directly
-and through the gateway; "added" is the gateway's percentile minus the direct one.
+Processes: the fake provider (tests/gateway/fake_upstream.py under uvicorn on asyncio's loop,
+one process), `kairos gateway serve` (one process, its own HTTP/1.1 server, SQLite counters
+and ledger, a key with a USD budget so every call is held and settled), and this load
+generator (uvloop, one keep-alive HTTP/1.1 connection per client, closed loop). The same
+client drives the upstream directly and through the gateway; "added" is the gateway's
+percentile minus the direct one.
 
-- timed: the upstream answers after 50 ms; a stream sends 20 chunks over 200 ms (latency is
-  to the stream's last byte); at 1 and 50 concurrent clients;
-- instant: the upstream answers at once; requests/s at 64 clients for `--seconds`;
+- timed: the upstream answers after 50 ms; a stream sends 20 chunks over 200 ms on a fixed
+  schedule (chunk i is due 10 ms × i after the first, so a late wake-up on this shared machine
+  delays one chunk, not every chunk after it; latency is to the stream's last byte); at 1 and
+  50 concurrent clients;
+- instant: the upstream answers at once: latency at 1 client (the proxy's own work with no
+  idle time before it), and requests/s at 64 clients for `--seconds`;
 - tcp relay: a byte relay in its own process, the floor any proxy adds (hops and wake-ups).
 
 LiteLLM (`--litellm path/to/bin/litellm`, 1.110 in a venv of its own: `pip install
@@ -313,6 +317,13 @@ def measure(
                 cell[name] = (percentile(samples, 0.5) * 1000, percentile(samples, 0.99) * 1000)
             rows.append((f"{'stream' if stream else 'whole'} @{clients}", cell))
     body = orjson.dumps({**BODY, "model": "instant"})
+    cell = {}
+    for name, (port, headers) in targets.items():
+        samples = asyncio.run(
+            latencies(port, headers, "/v1/chat/completions", body, 1, args.requests * 5)
+        )
+        cell[name] = (percentile(samples, 0.5) * 1000, percentile(samples, 0.99) * 1000)
+    rows.append(("instant @1", cell))
     cell = {}
     for name, (port, headers) in targets.items():
         rps = asyncio.run(throughput(port, headers, "/v1/chat/completions", body, 64, args.seconds))

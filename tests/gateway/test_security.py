@@ -133,3 +133,17 @@ def test_no_credential_in_logs_errors_or_ledger(
     everything = text + repr(rows) + caplog.text
     for secret in (PROVIDER_SECRET, plain, plain.split("-", 2)[2]):
         assert secret not in everything
+
+
+def test_a_key_in_use_is_refused_right_after_revocation(served: ServerThread) -> None:
+    """Keys that matched are remembered for `key_cache` (no peppered hash per call): a revoke
+    forgets them at once, and a near miss of a remembered key is still refused."""
+    key = new_key(served)
+    body = {"model": "chat", "messages": HI, "max_tokens": 1}
+    assert post(served, "/v1/chat/completions", key, body).status_code == 200
+    assert post(served, "/v1/chat/completions", key, body).status_code == 200  # remembered
+    near = key[:-1] + ("a" if not key.endswith("a") else "b")
+    assert post(served, "/v1/chat/completions", near, body).status_code == 401
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    assert httpx.delete(f"{served.url}/admin/keys/{key.split('-')[1]}", headers=admin).is_success
+    assert post(served, "/v1/chat/completions", key, body).status_code == 401

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -234,7 +237,11 @@ class Gateway:
         self.accountant = Accountant(self.counters, lease=config.lease)
         self.ledger = LedgerWriter(self.registry)
         self._keys: dict[str, tuple[float, KeyRecord | None]] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # keys that matched lately, by a digest keyed with a secret of this process: a key in
+        # use is checked against its peppered hash once per `key_cache`, not on every call
+        self._verified: dict[bytes, tuple[float, KeyRecord]] = {}
+        self._tag_key = os.urandom(32)
+        self._tasks: set[asyncio.Future[Any]] = set()
         # called with each ledger row as it is written (the HTTP app's metrics listen here)
         self.observers: list[Callable[[LedgerRow], None]] = []
 
@@ -255,6 +262,7 @@ class Gateway:
     async def revoke_key(self, ident: str) -> bool:
         done = await self.registry.revoke_key(ident, datetime.now(UTC))
         self._keys.pop(ident, None)
+        self._verified = {t: hit for t, hit in self._verified.items() if hit[1].id != ident}
         return done
 
     async def authenticate(self, presented: str | None) -> KeyRecord:
@@ -263,12 +271,25 @@ class Gateway:
             raise Unauthenticated(
                 "send your gateway key as `Authorization: Bearer <key>` (or `x-api-key`)"
             )
-        ident = key_id(presented)
-        record = await self._record(ident) if ident else None
-        # the digest is computed even for an unknown id, so timing says nothing about ids
-        matches = (record or _NOBODY).matches(self.config.pepper, presented)
-        if record is None or not matches:
-            raise Unauthenticated("the key is not valid; check it or ask for a new one")
+        now = time.monotonic()
+        # nobody can aim at an entry (the tag is keyed), so the lookup's timing tells nothing
+        tag = hashlib.blake2b(presented.encode(), key=self._tag_key, digest_size=32).digest()
+        hit = self._verified.get(tag)
+        if hit is not None and now - hit[0] < self.config.key_cache:
+            record = hit[1]
+        else:
+            ident = key_id(presented)
+            found = await self._record(ident) if ident else None
+            # the digest is computed even for an unknown id, so timing says nothing about ids
+            matches = (found or _NOBODY).matches(self.config.pepper, presented)
+            if found is None or not matches:
+                raise Unauthenticated("the key is not valid; check it or ask for a new one")
+            record = found
+            if len(self._verified) > 4096:
+                self._verified = {
+                    t: h for t, h in self._verified.items() if now - h[0] < self.config.key_cache
+                }
+            self._verified[tag] = (now, record)
         if not record.active(datetime.now(UTC)):
             raise Unauthenticated(f"key {record.id!r} is revoked or expired; ask for a new one")
         return record
@@ -362,11 +383,48 @@ class Gateway:
     def _spawn(self, work: Awaitable[Any]) -> None:
         self._track(asyncio.ensure_future(work))
 
-    def _track(self, task: asyncio.Task[Any]) -> None:
+    def _after_answer(self, work: Coroutine[Any, Any, None]) -> None:
+        """Settling and logging a whole answer: after it is sent. In a `deferred()` block (an
+        HTTP server's request) the server runs it right after writing the answer, before it
+        reads the next request; elsewhere it is a task of its own."""
+        pending = _AFTER_ANSWER.get()
+        if pending is None:
+            self._spawn(work)
+            return
+        if not pending:  # drain() waits for this block's work from now on
+            marker = asyncio.get_running_loop().create_future()
+            self._track(marker)
+            _MARKER.set(marker)
+        pending.append(work)
+
+    @contextlib.asynccontextmanager
+    async def deferred(self) -> AsyncIterator[None]:
+        """Within the block, work that settles whole answers waits until the block ends: the
+        caller sends the answer inside it. `drain()` waits for it too."""
+        pending: list[Coroutine[Any, Any, None]] = []
+        token = _AFTER_ANSWER.set(pending)
+        marker_token = _MARKER.set(None)
+        try:
+            yield
+        finally:
+            _AFTER_ANSWER.reset(token)
+            marker = _MARKER.get()
+            _MARKER.reset(marker_token)
+            try:
+                for work in pending:
+                    try:
+                        await work
+                    except Exception as error:
+                        logger.error("settling a call failed: %s: %s", type(error).__name__, error)
+            finally:
+                if marker is not None:
+                    marker.set_result(None)
+
+    def _track(self, task: asyncio.Future[Any]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._done)
 
-    def _done(self, task: asyncio.Task[Any]) -> None:
+    def _done(self, task: asyncio.Future[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             error = task.exception()
@@ -382,6 +440,12 @@ class Gateway:
         await self.registry.close()
 
 
+_AFTER_ANSWER: ContextVar[list[Coroutine[Any, Any, None]] | None] = ContextVar(
+    "kairos_gateway_after_answer", default=None
+)
+_MARKER: ContextVar[asyncio.Future[None] | None] = ContextVar(
+    "kairos_gateway_after_answer_marker", default=None
+)
 _NOBODY = KeyRecord(id="", name="", secret_hash="0" * 64, created_at=datetime.now(UTC))
 
 
@@ -516,7 +580,7 @@ class _Call:
             self.gateway.router.finished(deployment, "ok", elapsed)
             # the hold already covers the call: settling (which only gives back) and logging
             # need not delay the answer
-            self.gateway._spawn(self._close(hold, openai_usage(reply), deployment, provider))
+            self.gateway._after_answer(self._close(hold, openai_usage(reply), deployment, provider))
             return reply
         upstream = provider.stream(self.kind, body, deployment.timeout).__aiter__()
         try:

@@ -450,19 +450,22 @@ class GatewayApp:
             error = _NotAllowed(f"{scope['method']} is not allowed on {path}")
             await openai_error(error)(receive, send)
             return
-        try:
-            reply = await route.handler(Request(scope, receive, rest))
-        except GatewayError as error:
-            reply = (anthropic_error if route.anthropic else openai_error)(error)
-        except _ClientGone:
-            return
-        except Exception as error:  # never a stack trace (nor a key) to the client
-            logger.error("gateway %s failed: %s", route.name, type(error).__name__)
-            reply = (anthropic_error if route.anthropic else openai_error)(
-                _Internal(type(error).__name__)
-            )
-        self.server.metrics.answered(route.name, reply.status, time.perf_counter() - started)
-        await reply(receive, send)
+        # a whole answer's settling and logging run after it is written, in this task: before
+        # this connection's next request is read, not on its way
+        async with self.gateway.deferred():
+            try:
+                reply = await route.handler(Request(scope, receive, rest))
+            except GatewayError as error:
+                reply = (anthropic_error if route.anthropic else openai_error)(error)
+            except _ClientGone:
+                return
+            except Exception as error:  # never a stack trace (nor a key) to the client
+                logger.error("gateway %s failed: %s", route.name, type(error).__name__)
+                reply = (anthropic_error if route.anthropic else openai_error)(
+                    _Internal(type(error).__name__)
+                )
+            self.server.metrics.answered(route.name, reply.status, time.perf_counter() - started)
+            await reply(receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
