@@ -305,6 +305,9 @@ def measure(
     rows = []
     for stream in (False, True):
         for clients in (1, 50):
+            label = f"{'stream' if stream else 'whole'} @{clients}"
+            if args.only and label not in args.only:
+                continue
             body = orjson.dumps({**BODY, "model": "timed", "stream": stream})
             count = args.requests if clients == 1 else args.requests * 2
             if stream:
@@ -315,15 +318,16 @@ def measure(
                     latencies(port, headers, "/v1/chat/completions", body, clients, count)
                 )
                 cell[name] = (percentile(samples, 0.5) * 1000, percentile(samples, 0.99) * 1000)
-            rows.append((f"{'stream' if stream else 'whole'} @{clients}", cell))
+            rows.append((label, cell))
     body = orjson.dumps({**BODY, "model": "instant"})
     cell = {}
-    for name, (port, headers) in targets.items():
-        samples = asyncio.run(
-            latencies(port, headers, "/v1/chat/completions", body, 1, args.requests * 5)
-        )
-        cell[name] = (percentile(samples, 0.5) * 1000, percentile(samples, 0.99) * 1000)
-    rows.append(("instant @1", cell))
+    if not args.only or "instant @1" in args.only:
+        for name, (port, headers) in targets.items():
+            samples = asyncio.run(
+                latencies(port, headers, "/v1/chat/completions", body, 1, args.requests * 5)
+            )
+            cell[name] = (percentile(samples, 0.5) * 1000, percentile(samples, 0.99) * 1000)
+        rows.append(("instant @1", cell))
     cell = {}
     for name, (port, headers) in targets.items():
         rps = asyncio.run(throughput(port, headers, "/v1/chat/completions", body, 64, args.seconds))
@@ -355,6 +359,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--litellm", help="path to a litellm executable (its own venv)")
+    parser.add_argument(
+        "--only", action="append", help='measure only these latency rows, e.g. "stream @50"'
+    )
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-relay", help=argparse.SUPPRESS)
     args = parser.parse_args()
