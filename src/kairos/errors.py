@@ -13,6 +13,20 @@ class KairosError(Exception):
     """Base of every error kairos raises on purpose."""
 
 
+class RequestError(KairosError):
+    """A request refused with an HTTP answer: `status`, `kind` (the OpenAI error type) and
+    `code` shape it, `param` names the request field at fault when there is one."""
+
+    status = 400
+    kind = "invalid_request_error"
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
 class DefinitionError(KairosError, TypeError):
     """A feature class, expression or resolver is declared wrongly."""
 

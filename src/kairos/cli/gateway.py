@@ -151,13 +151,12 @@ def _revoke(args: argparse.Namespace) -> int:
 
 
 def _time(value: str | None, name: str) -> datetime | None:
-    if value is None:
-        return None
+    from kairos.gateway.ledger import period_bound
+
     try:
-        moment = datetime.fromisoformat(value)
+        return period_bound(value)
     except ValueError:
         raise KairosError(f"--{name} {value!r} is not an ISO time, e.g. 2026-11-01") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _usage(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from kairos.definitions.durations import DurationLike, parse_duration
+from kairos.definitions.durations import DurationLike, optional_duration
 from kairos.definitions.feature import MISSING, FeatureOptions
 from kairos.errors import DefinitionError
 
@@ -141,7 +141,7 @@ def completion(
         )
     return CompletionOptions(
         default=MISSING,
-        max_staleness=_duration(max_staleness, "max_staleness"),
+        max_staleness=optional_duration(max_staleness, field="max_staleness"),
         description=description,
         tags=tuple(tags),
         owner=owner,
@@ -152,7 +152,7 @@ def completion(
         seed=seed,
         schema=json_schema,
         parser=parser,
-        timeout=_duration(timeout, "timeout"),
+        timeout=optional_duration(timeout, field="timeout"),
         stop=tuple(stop),
         extra_body=None if extra_body is None else dict(extra_body),
     )
@@ -183,18 +183,14 @@ def embedding(
         raise DefinitionError("embedding(input=...): give a template string")
     return EmbeddingOptions(
         default=MISSING,
-        max_staleness=_duration(max_staleness, "max_staleness"),
+        max_staleness=optional_duration(max_staleness, field="max_staleness"),
         description=description,
         tags=tuple(tags),
         owner=owner,
         model=model,
         input=input,
-        timeout=_duration(timeout, "timeout"),
+        timeout=optional_duration(timeout, field="timeout"),
     )
-
-
-def _duration(value: DurationLike | None, field: str) -> timedelta | None:
-    return None if value is None else parse_duration(value, field=field)
 
 
 def _schema(schema: Any) -> tuple[Mapping[str, Any] | None, Any]:

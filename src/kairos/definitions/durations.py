@@ -46,6 +46,11 @@ def parse_duration(value: DurationLike, *, field: str = "duration") -> timedelta
     )
 
 
+def optional_duration(value: DurationLike | None, *, field: str) -> timedelta | None:
+    """`parse_duration` for a setting that may be left out (None stays None)."""
+    return None if value is None else parse_duration(value, field=field)
+
+
 def format_duration(value: timedelta) -> str:
     """The shortest canonical spelling: 86400 s -> "1d", 5400 s -> "1h30m"."""
     if value == INFINITY:

@@ -15,7 +15,12 @@ from datetime import timedelta
 from typing import Any, TypeVar, dataclass_transform, overload
 
 from kairos.definitions import expressions as ex
-from kairos.definitions.durations import DurationLike, format_duration, parse_duration
+from kairos.definitions.durations import (
+    DurationLike,
+    format_duration,
+    optional_duration,
+    parse_duration,
+)
 from kairos.errors import DefinitionError
 
 C = TypeVar("C", bound=type)
@@ -68,9 +73,7 @@ def feature(
         raise DefinitionError(f"feature(expression={expression!r}) must be an `_` expression")
     return FeatureOptions(
         default=default,
-        max_staleness=None
-        if max_staleness is None
-        else parse_duration(max_staleness, field="max_staleness"),
+        max_staleness=optional_duration(max_staleness, field="max_staleness"),
         ttl=_ttl(ttl),
         description=description,
         tags=tuple(tags),
@@ -371,7 +374,7 @@ def features(
         return _decorate(
             klass,
             namespace or snake_case(klass.__name__),
-            None if max_staleness is None else parse_duration(max_staleness, field="max_staleness"),
+            optional_duration(max_staleness, field="max_staleness"),
             owner,
             tuple(tags),
             events,

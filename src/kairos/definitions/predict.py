@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from kairos.definitions import expressions as ex
-from kairos.definitions.durations import DurationLike, parse_duration
+from kairos.definitions.durations import DurationLike, optional_duration
 from kairos.definitions.feature import MISSING, FeatureOptions, ref_of
 from kairos.errors import DefinitionError
 
@@ -76,9 +76,7 @@ def predict(
             )
     return ModelOptions(
         default=MISSING,
-        max_staleness=None
-        if max_staleness is None
-        else parse_duration(max_staleness, field="max_staleness"),
+        max_staleness=optional_duration(max_staleness, field="max_staleness"),
         description=description,
         tags=tuple(tags),
         owner=owner,
@@ -86,5 +84,5 @@ def predict(
         inputs=tuple(checked),
         version=version,
         alias=alias,
-        timeout=None if timeout is None else parse_duration(timeout, field="timeout"),
+        timeout=optional_duration(timeout, field="timeout"),
     )

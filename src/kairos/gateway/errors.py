@@ -3,20 +3,11 @@ answered with, and `param` names the request field at fault when there is one.""
 
 from __future__ import annotations
 
-from kairos.errors import KairosError
+from kairos.errors import KairosError, RequestError
 
 
-class GatewayError(KairosError):
+class GatewayError(RequestError):
     """Base of the gateway's errors; `status` and `kind` shape the HTTP answer."""
-
-    status = 400
-    kind = "invalid_request_error"
-    code = "invalid_request"
-
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
 
 
 class InvalidRequest(GatewayError, ValueError):

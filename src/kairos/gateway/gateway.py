@@ -387,38 +387,34 @@ class Gateway:
         """Settling and logging a whole answer: after it is sent. In a `deferred()` block (an
         HTTP server's request) the server runs it right after writing the answer, before it
         reads the next request; elsewhere it is a task of its own."""
-        pending = _AFTER_ANSWER.get()
-        if pending is None:
+        block = _AFTER_ANSWER.get()
+        if block is None:
             self._spawn(work)
             return
-        if not pending:  # drain() waits for this block's work from now on
-            marker = asyncio.get_running_loop().create_future()
-            self._track(marker)
-            _MARKER.set(marker)
-        pending.append(work)
+        if block.marker is None:  # drain() waits for this block's work from now on
+            block.marker = asyncio.get_running_loop().create_future()
+            self._track(block.marker)
+        block.work.append(work)
 
     @contextlib.asynccontextmanager
     async def deferred(self) -> AsyncIterator[None]:
         """Within the block, work that settles whole answers waits until the block ends: the
         caller sends the answer inside it. `drain()` waits for it too."""
-        pending: list[Coroutine[Any, Any, None]] = []
-        token = _AFTER_ANSWER.set(pending)
-        marker_token = _MARKER.set(None)
+        block = _Deferred()
+        token = _AFTER_ANSWER.set(block)
         try:
             yield
         finally:
             _AFTER_ANSWER.reset(token)
-            marker = _MARKER.get()
-            _MARKER.reset(marker_token)
             try:
-                for work in pending:
+                for work in block.work:
                     try:
                         await work
                     except Exception as error:
                         logger.error("settling a call failed: %s: %s", type(error).__name__, error)
             finally:
-                if marker is not None:
-                    marker.set_result(None)
+                if block.marker is not None:
+                    block.marker.set_result(None)
 
     def _track(self, task: asyncio.Future[Any]) -> None:
         self._tasks.add(task)
@@ -440,11 +436,19 @@ class Gateway:
         await self.registry.close()
 
 
-_AFTER_ANSWER: ContextVar[list[Coroutine[Any, Any, None]] | None] = ContextVar(
+class _Deferred:
+    """A `Gateway.deferred()` block: the work it holds, and the future `drain()` waits on once
+    there is any."""
+
+    __slots__ = ("marker", "work")
+
+    def __init__(self) -> None:
+        self.work: list[Coroutine[Any, Any, None]] = []
+        self.marker: asyncio.Future[None] | None = None
+
+
+_AFTER_ANSWER: ContextVar[_Deferred | None] = ContextVar(
     "kairos_gateway_after_answer", default=None
-)
-_MARKER: ContextVar[asyncio.Future[None] | None] = ContextVar(
-    "kairos_gateway_after_answer_marker", default=None
 )
 _NOBODY = KeyRecord(id="", name="", secret_hash="0" * 64, created_at=datetime.now(UTC))
 

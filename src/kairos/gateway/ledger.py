@@ -12,7 +12,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
@@ -89,6 +89,15 @@ class LedgerWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.flush()
+
+
+def period_bound(value: str | None) -> datetime | None:
+    """A `since`/`until` bound of a usage query: ISO 8601, UTC when it names no zone; None
+    stays None. Raises ValueError for anything else."""
+    if value is None:
+        return None
+    moment = datetime.fromisoformat(value)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def summarize(rows: Sequence[LedgerRow]) -> dict[str, Any]:

@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-from kairos.errors import KairosError
+from kairos.errors import KairosError, RequestError
 
 
-class LLMRequestError(KairosError, ValueError):
+class LLMRequestError(RequestError, ValueError):
     """A request to an LLM worker is malformed; `param` names the field, the message the fix."""
-
-    status = 400
-    kind = "invalid_request_error"
-    code = "invalid_request"
-
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
 
 
 class ContextOverflow(LLMRequestError):

@@ -62,12 +62,16 @@ class DeploymentProvider:
 
         return UpstreamError(str(error), status=503, retryable=True, reached=False)
 
-    async def send(self, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    async def _lease(self) -> tuple[Any, Any]:
+        """(the lease, its replica); a group with no replica to give is a retryable 503."""
         try:
             lease = self.group.lease()
-            replica = await lease.__aenter__()
+            return lease, await lease.__aenter__()
         except DeploymentError as error:
             raise self._unavailable(error) from None
+
+    async def send(self, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        lease, replica = await self._lease()
         try:
             reply: dict[str, Any] = await self._upstream(replica).send(kind, body, timeout)
             return reply
@@ -76,11 +80,7 @@ class DeploymentProvider:
 
     async def stream(self, kind: str, body: dict[str, Any], timeout: float) -> AsyncIterator[Any]:
         # chunks pass through as the gateway's own client yields them (dicts or raw JSON bytes)
-        try:
-            lease = self.group.lease()
-            replica = await lease.__aenter__()
-        except DeploymentError as error:
-            raise self._unavailable(error) from None
+        lease, replica = await self._lease()
         try:
             async for chunk in self._upstream(replica).stream(kind, body, timeout):
                 yield chunk

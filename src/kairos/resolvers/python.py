@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from kairos.definitions.durations import DurationLike, parse_duration
+from kairos.definitions.durations import DurationLike, optional_duration
 from kairos.definitions.feature import FeatureRef, HasManyRef, ref_of
 from kairos.definitions.types import DataFrameSpec, FeaturesSpec, Now
 from kairos.errors import DefinitionError
@@ -271,7 +271,7 @@ def offline(
 def _decorate(
     kind: str, fn: Any, timeout: DurationLike | None, name: str | None, batch: bool = False
 ) -> Any:
-    limit = None if timeout is None else parse_duration(timeout, field="timeout")
+    limit = optional_duration(timeout, field="timeout")
 
     def wrap(function: Callable[..., Any]) -> Resolver[..., Any]:
         if not callable(function):

@@ -17,7 +17,7 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from kairos.gateway.anthropic import chat_to_message, message_events, messages_to_chat
 from kairos.gateway.errors import GatewayError, InvalidRequest, Unauthenticated
 from kairos.gateway.gateway import Gateway, Stream
-from kairos.gateway.ledger import LedgerRow, summarize
+from kairos.gateway.ledger import LedgerRow, period_bound, summarize
 
 logger = logging.getLogger(__name__)
 
@@ -380,15 +380,12 @@ class _NotAllowed(GatewayError):
 
 
 def _time(value: str | None, name: str) -> datetime | None:
-    if value is None:
-        return None
     try:
-        moment = datetime.fromisoformat(value)
+        return period_bound(value)
     except ValueError:
         raise InvalidRequest(
             f'{name} is an ISO 8601 time, e.g. "2026-11-01T00:00:00Z"', param=name
         ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 class _Route:
