@@ -59,13 +59,6 @@ class SQLiteCounters:
                 return index
 
         def charge(connection: sqlite3.Connection) -> int | None:
-            self._sweep(connection)
-            if len(lines) == 1:  # one statement is a transaction by itself
-                line = lines[0]
-                cursor = connection.execute(
-                    _CHARGE, (line.counter, line.amount, line.expires_at, line.limit)
-                )
-                return None if cursor.rowcount == 1 else 0
             connection.execute("begin immediate")
             try:
                 for index, line in enumerate(lines):
@@ -75,6 +68,7 @@ class SQLiteCounters:
                     if cursor.rowcount != 1:
                         connection.execute("rollback")
                         return index
+                self._sweep(connection)
                 connection.execute("commit")
             except BaseException:
                 if connection.in_transaction:
@@ -123,8 +117,8 @@ class SQLiteCounters:
             return
         self._last_sweep = now
         connection.execute("delete from gateway_counters where expires_at < ?", (now,))
-        for hold_id in [h for h, (_, lease) in list(self._holds.items()) if lease < now]:
-            self._holds.pop(hold_id, None)
+        for hold_id in [h for h, (_, lease) in self._holds.items() if lease < now]:
+            del self._holds[hold_id]
 
     async def close(self) -> None:
         await self._db.close()

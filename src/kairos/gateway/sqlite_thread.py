@@ -2,18 +2,12 @@
 on a lock another process holds, and, for the short write transactions of budget holds, a
 second connection used right on the loop that never waits at all (busy_timeout 0): when the
 file is locked, the call goes to the thread instead. A thread hop costs more than the
-transaction itself.
-
-The connection on the loop never checkpoints the write-ahead log itself (a checkpoint syncs the
-file to disk, which can stall for a long time); the thread does it, every `CHECKPOINT_EVERY`
-seconds while the loop writes, so that stall never lands on a request."""
+transaction itself."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import sqlite3
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,8 +16,6 @@ from typing import TypeVar
 from kairos.gateway.errors import AccountingUnavailable
 
 T = TypeVar("T")
-CHECKPOINT_EVERY = 1.0
-logger = logging.getLogger(__name__)
 
 
 class SQLiteThread:
@@ -33,7 +25,6 @@ class SQLiteThread:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kairos-gateway-db")
         self._connection: sqlite3.Connection | None = None
         self._inline: sqlite3.Connection | None = None
-        self._checkpointed = 0.0
 
     def _connect(self) -> sqlite3.Connection:
         if self._connection is None:
@@ -49,23 +40,16 @@ class SQLiteThread:
 
     async def run(self, work: Callable[[sqlite3.Connection], T], *, inline: bool = False) -> T:
         """Run `work(connection)` on the connection's thread; with `inline`, first try it on
-        the event loop without waiting for locks (each write of `work` must be one statement
-        or inside BEGIN IMMEDIATE, so a busy file fails it before it changed anything, and
-        `work` can run again on the thread)."""
+        the event loop without waiting for locks (`work` must begin with BEGIN IMMEDIATE or
+        only read, so a busy file fails it before it changed anything)."""
         if inline and self._connection is not None and self.path != ":memory:":
             if self._inline is None:
                 self._inline = sqlite3.connect(
                     self.path, isolation_level=None, timeout=0, check_same_thread=False
                 )
                 self._inline.execute("pragma synchronous=normal")
-                self._inline.execute("pragma wal_autocheckpoint=0")
             try:
-                result = work(self._inline)
-                now = time.monotonic()
-                if now - self._checkpointed > CHECKPOINT_EVERY:
-                    self._checkpointed = now
-                    self._executor.submit(self._checkpoint)
-                return result
+                return work(self._inline)
             except sqlite3.OperationalError as error:
                 if "locked" not in str(error) and "busy" not in str(error):
                     raise AccountingUnavailable(
@@ -82,13 +66,6 @@ class SQLiteThread:
             raise AccountingUnavailable(
                 f"the gateway's SQLite store failed ({type(error).__name__}: {error})"
             ) from None
-
-    def _checkpoint(self) -> None:
-        """Move the log into the file, on the thread (PASSIVE: never waits for writers)."""
-        try:
-            self._connect().execute("pragma wal_checkpoint(PASSIVE)")
-        except sqlite3.Error as error:
-            logger.warning("checkpointing the gateway's SQLite log failed: %s", error)
 
     async def close(self) -> None:
         def shut(connection: sqlite3.Connection) -> None:
