@@ -21,12 +21,16 @@ BOUND = input_bound(len(orjson.dumps({"messages": HI})), 1)  # a hold's input bo
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("limit", [1_000, 30_000])
 def test_200_concurrent_requests_never_exceed_the_budget(
-    upstream: FakeUpstream, tmp_path: Path, counters_url: str
+    upstream: FakeUpstream, tmp_path: Path, counters_url: str, limit: int
 ) -> None:
-    """Two gateways (as two processes would) share one set of counters."""
-    limit = 1_000  # micro-dollars; each answer really costs 10 + 5 = 15
-    upstream.keep_log = False
+    """Two gateways (as two processes would) share one set of counters. A budget of 1,000
+    micro-dollars is too small for budget shares (every hold goes to the store); one of 30,000
+    starts with holds served from shares and ends, near its limit, with every hold in the
+    store."""
+    upstream.keep_log = False  # each answer really costs 10 + 5 = 15 micro-dollars
+    served_from_shares: list[int] = []
 
     async def scenario() -> tuple[int, int, int, list[int]]:
         gateways = [Gateway(config(upstream, tmp_path, counters=counters_url)) for _ in range(2)]
@@ -57,6 +61,7 @@ def test_200_concurrent_requests_never_exceed_the_budget(
                 await gateway.ledger.flush()
             rows = await gateways[0].usage(key.id)
             costs = [row.cost_micros for row in rows if row.status == "ok"]
+            served_from_shares.extend(gateway.shares.served for gateway in gateways)
             return outcomes.count("ok"), outcomes.count("refused"), spent, costs
         finally:
             for gateway in gateways:
@@ -72,6 +77,10 @@ def test_200_concurrent_requests_never_exceed_the_budget(
     assert all(TOKENS_IN + 1 <= c <= TOKENS_IN + 5 for c in costs)  # clamped ones answer less
     assert len(costs) == served
     assert spent > limit - (BOUND + 1)  # refused only when not even one output token fits
+    if limit > 1_000:
+        assert all(served > 0 for served in served_from_shares)
+    else:
+        assert served_from_shares == [0, 0]
 
 
 def test_max_tokens_is_clamped_to_what_remains(

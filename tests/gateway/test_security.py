@@ -147,3 +147,42 @@ def test_a_key_in_use_is_refused_right_after_revocation(served: ServerThread) ->
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     assert httpx.delete(f"{served.url}/admin/keys/{key.split('-')[1]}", headers=admin).is_success
     assert post(served, "/v1/chat/completions", key, body).status_code == 401
+
+
+def test_a_key_revoked_by_another_gateway_is_refused_within_key_cache(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """A key in use is checked again in the background once its entry is half `key_cache`
+    old, so calls never wait for the check; a revoke through another gateway (process) that
+    shares the registry is still seen within `key_cache`."""
+    body = {"model": "chat", "messages": HI, "max_tokens": 1}
+
+    async def scenario() -> list[str]:
+        here, there = (Gateway(config(upstream, tmp_path, key_cache="0.4s")) for _ in range(2))
+        outcomes = []
+        try:
+            plain, record = await here.create_key(name="app")
+            started = asyncio.get_running_loop().time()
+            revoked = False
+            while asyncio.get_running_loop().time() - started < 1.6:
+                if not revoked and asyncio.get_running_loop().time() - started > 0.5:
+                    assert await there.revoke_key(record.id)
+                    revoked = True
+                    outcomes.append("revoked")
+                try:
+                    await here.chat(plain, body)
+                    outcomes.append("ok")
+                except Unauthenticated:
+                    outcomes.append("refused")
+                await asyncio.sleep(0.05)
+        finally:
+            await here.close()
+            await there.close()
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    cut = outcomes.index("revoked")
+    assert set(outcomes[:cut]) == {"ok"}  # kept serving while rechecked in the background
+    after = outcomes[cut + 1 :]
+    assert "ok" not in after[8:]  # 8 calls × 50 ms > key_cache: refused from then on
+    assert after[-1] == "refused"

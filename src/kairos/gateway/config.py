@@ -44,7 +44,7 @@ PROVIDER_KINDS = ("openai", "anthropic")
 _TOP = {
     "host", "port", "admin_key_env", "pepper_env", "registry", "counters", "providers",
     "models", "aliases", "prices", "retries", "breaker", "lease", "stream_drain",
-    "key_cache", "default_max_tokens",
+    "key_cache", "default_max_tokens", "budget_shares",
 }  # fmt: skip
 
 
@@ -107,6 +107,8 @@ class GatewayConfig:
     lease: float = 600.0  # seconds a hold may stay open before it is charged in full
     stream_drain: float = 60.0  # seconds upstream is read on after a client disconnects
     key_cache: float = 1.0  # seconds a key's record is reused before it is read again
+    # calls' worst cases a process reserves at once per key (gateway/shares.py); 0: none
+    budget_shares: int = 16
     default_max_tokens: int = 4096  # forwarded when a request names none
 
     @classmethod
@@ -185,6 +187,7 @@ class GatewayConfig:
             lease=_seconds(raw.get("lease", "10m"), f"{where}.lease"),
             stream_drain=_seconds(raw.get("stream_drain", "60s"), f"{where}.stream_drain"),
             key_cache=_seconds(raw.get("key_cache", "1s"), f"{where}.key_cache"),
+            budget_shares=_int(raw.get("budget_shares", 16), f"{where}.budget_shares", 0),
             default_max_tokens=_int(
                 raw.get("default_max_tokens", 4096), f"{where}.default_max_tokens", 1
             ),

@@ -70,7 +70,12 @@ class RedisCounters:
 
     def _redis(self) -> redis.Redis:
         if self._client is None:
-            self._client = redis.Redis.from_url(self._url, socket_timeout=5)
+            # calls past the pool's size wait for a connection (the default pool refuses
+            # them: a burst of 100+ calls would fail); 64 in flight are plenty for one Redis
+            pool = redis.BlockingConnectionPool.from_url(
+                self._url, max_connections=64, timeout=5, socket_timeout=5
+            )
+            self._client = redis.Redis.from_pool(pool)  # closing the client closes the pool
         return self._client
 
     def _key(self, counter: str) -> str:

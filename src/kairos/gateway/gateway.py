@@ -19,7 +19,6 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,6 +44,7 @@ from kairos.gateway.prices import Price
 from kairos.gateway.providers import Provider, Usage, chunk_usage, openai_usage, provider_for
 from kairos.gateway.registry import Registry, registry_from_url
 from kairos.gateway.router import Router
+from kairos.gateway.shares import SharedCounters
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +71,10 @@ class Stream:
         drain: float,
         on_end: Callable[[Usage | None, str], Awaitable[None]],
         request_id: str,
+        settle_after: float = 0.0,
     ) -> None:
         self.request_id = request_id
+        self._settle_after = settle_after
         self.include_usage = include_usage
         self._drain = drain
         # what the pump read and the reader has not taken yet; None marks the end
@@ -119,9 +121,9 @@ class Stream:
             arrive(None)
             if self._client_gone and status == "ok":
                 status = "client_disconnected"
-            # the reader writes the last frames first: settling and logging are not the client's
-            # to wait for
-            await asyncio.sleep(0)
+            # settling and logging are not the client's to wait for: the reader writes the last
+            # frames first, and the client's next request is read and sent on first
+            await asyncio.sleep(self._settle_after)
             await on_end(usage, status)
 
     def _arrive(self, item: bytes | dict[str, Any] | None) -> None:
@@ -234,14 +236,23 @@ class Gateway:
         self.counters = counters or counters_from_url(config.counters)
         self.providers = providers or {n: provider_for(p) for n, p in config.providers.items()}
         self.router = Router(config)
-        self.accountant = Accountant(self.counters, lease=config.lease)
+        # holds are served from budget shares in memory while a key has room (shares.py)
+        self.shares = SharedCounters(self.counters, depth=config.budget_shares, lease=config.lease)
+        self.accountant = Accountant(self.shares, lease=config.lease)
         self.ledger = LedgerWriter(self.registry)
         self._keys: dict[str, tuple[float, KeyRecord | None]] = {}
         # keys that matched lately, by a digest keyed with a secret of this process: a key in
         # use is checked against its peppered hash once per `key_cache`, not on every call
         self._verified: dict[bytes, tuple[float, KeyRecord]] = {}
         self._tag_key = os.urandom(32)
+        self._rechecking: set[bytes] = set()
+        self._revocations = 0  # revokes through this process (a recheck begun before loses)
         self._tasks: set[asyncio.Future[Any]] = set()
+        # seconds between an answer's last byte and its settling and logging. An HTTP server
+        # sets a few ms: the same client's next request is then read and sent upstream before
+        # that work, which would otherwise run first (on a keep-alive connection, requests
+        # follow at once). In process, 0: a sync caller's loop may not run again soon.
+        self.settle_after = 0.0
         # called with each ledger row as it is written (the HTTP app's metrics listen here)
         self.observers: list[Callable[[LedgerRow], None]] = []
 
@@ -261,6 +272,7 @@ class Gateway:
 
     async def revoke_key(self, ident: str) -> bool:
         done = await self.registry.revoke_key(ident, datetime.now(UTC))
+        self._revocations += 1
         self._keys.pop(ident, None)
         self._verified = {t: hit for t, hit in self._verified.items() if hit[1].id != ident}
         return done
@@ -277,6 +289,10 @@ class Gateway:
         hit = self._verified.get(tag)
         if hit is not None and now - hit[0] < self.config.key_cache:
             record = hit[1]
+            if now - hit[0] > self.config.key_cache / 2 and tag not in self._rechecking:
+                # a key in use is checked again ahead of time, off the calls' path
+                self._rechecking.add(tag)
+                self._spawn(self._recheck(tag, presented, self._revocations))
         else:
             ident = key_id(presented)
             found = await self._record(ident) if ident else None
@@ -293,6 +309,25 @@ class Gateway:
         if not record.active(datetime.now(UTC)):
             raise Unauthenticated(f"key {record.id!r} is revoked or expired; ask for a new one")
         return record
+
+    async def _recheck(self, tag: bytes, presented: str, revocations: int) -> None:
+        """Read a remembered key's record again and check it, as a call would once the entry
+        is `key_cache` old; a revoke meanwhile in this process wins."""
+        try:
+            ident = key_id(presented)
+            if ident is None:  # cannot be: the key matched before
+                return
+            record = await self.registry.get_key(ident)
+            now = time.monotonic()
+            if revocations != self._revocations:
+                return
+            self._keys[ident] = (now, record)
+            if record is not None and record.matches(self.config.pepper, presented):
+                self._verified[tag] = (now, record)
+            else:
+                self._verified.pop(tag, None)
+        finally:
+            self._rechecking.discard(tag)
 
     async def _record(self, ident: str) -> KeyRecord | None:
         now = time.monotonic()
@@ -379,42 +414,15 @@ class Gateway:
         """Wait until every call this gateway answered is settled and logged."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.shares.release()  # the counters then hold exactly what calls used
 
     def _spawn(self, work: Awaitable[Any]) -> None:
         self._track(asyncio.ensure_future(work))
 
     def _after_answer(self, work: Coroutine[Any, Any, None]) -> None:
-        """Settling and logging a whole answer: after it is sent. In a `deferred()` block (an
-        HTTP server's request) the server runs it right after writing the answer, before it
-        reads the next request; elsewhere it is a task of its own."""
-        block = _AFTER_ANSWER.get()
-        if block is None:
-            self._spawn(work)
-            return
-        if block.marker is None:  # drain() waits for this block's work from now on
-            block.marker = asyncio.get_running_loop().create_future()
-            self._track(block.marker)
-        block.work.append(work)
-
-    @contextlib.asynccontextmanager
-    async def deferred(self) -> AsyncIterator[None]:
-        """Within the block, work that settles whole answers waits until the block ends: the
-        caller sends the answer inside it. `drain()` waits for it too."""
-        block = _Deferred()
-        token = _AFTER_ANSWER.set(block)
-        try:
-            yield
-        finally:
-            _AFTER_ANSWER.reset(token)
-            try:
-                for work in block.work:
-                    try:
-                        await work
-                    except Exception as error:
-                        logger.error("settling a call failed: %s: %s", type(error).__name__, error)
-            finally:
-                if block.marker is not None:
-                    block.marker.set_result(None)
+        """Settling and logging a whole answer: `settle_after` once it is sent, in a task of
+        its own that `drain()` waits for."""
+        self._spawn(_later(self.settle_after, work))
 
     def _track(self, task: asyncio.Future[Any]) -> None:
         self._tasks.add(task)
@@ -432,24 +440,15 @@ class Gateway:
         await self.ledger.close()
         for provider in self.providers.values():
             await provider.close()
-        await self.counters.close()
+        await self.shares.close()  # gives back what shares reserved, closes the counters
         await self.registry.close()
 
 
-class _Deferred:
-    """A `Gateway.deferred()` block: the work it holds, and the future `drain()` waits on once
-    there is any."""
-
-    __slots__ = ("marker", "work")
-
-    def __init__(self) -> None:
-        self.work: list[Coroutine[Any, Any, None]] = []
-        self.marker: asyncio.Future[None] | None = None
+async def _later(delay: float, work: Coroutine[Any, Any, None]) -> None:
+    await asyncio.sleep(delay)
+    await work
 
 
-_AFTER_ANSWER: ContextVar[_Deferred | None] = ContextVar(
-    "kairos_gateway_after_answer", default=None
-)
 _NOBODY = KeyRecord(id="", name="", secret_hash="0" * 64, created_at=datetime.now(UTC))
 
 
@@ -618,6 +617,7 @@ class _Call:
             drain=self.gateway.config.stream_drain,
             on_end=on_end,
             request_id=self.request_id,
+            settle_after=self.gateway.settle_after,
         )
         self.gateway._track(result.task)
         return result

@@ -30,6 +30,7 @@ from kairos.gateway.gateway import Gateway, Stream
 from kairos.gateway.ledger import LedgerRow, period_bound, summarize
 
 logger = logging.getLogger(__name__)
+SETTLE_AFTER = 0.002  # seconds
 
 MAX_BODY = 8 * 1024 * 1024
 Scope = MutableMapping[str, Any]
@@ -404,6 +405,9 @@ class GatewayApp:
 
     def __init__(self, gateway: Gateway, *, close_gateway: bool = False) -> None:
         self.gateway = gateway
+        # an answer's settling waits this long after its last byte: a client's next request
+        # on the same connection is read and sent upstream first
+        gateway.settle_after = SETTLE_AFTER
         self.server = server = GatewayServer(gateway)
         self.close_gateway = close_gateway
         self.routes: dict[str, dict[str, _Route]] = {
@@ -447,22 +451,19 @@ class GatewayApp:
             error = _NotAllowed(f"{scope['method']} is not allowed on {path}")
             await openai_error(error)(receive, send)
             return
-        # a whole answer's settling and logging run after it is written, in this task: before
-        # this connection's next request is read, not on its way
-        async with self.gateway.deferred():
-            try:
-                reply = await route.handler(Request(scope, receive, rest))
-            except GatewayError as error:
-                reply = (anthropic_error if route.anthropic else openai_error)(error)
-            except _ClientGone:
-                return
-            except Exception as error:  # never a stack trace (nor a key) to the client
-                logger.error("gateway %s failed: %s", route.name, type(error).__name__)
-                reply = (anthropic_error if route.anthropic else openai_error)(
-                    _Internal(type(error).__name__)
-                )
-            self.server.metrics.answered(route.name, reply.status, time.perf_counter() - started)
-            await reply(receive, send)
+        try:
+            reply = await route.handler(Request(scope, receive, rest))
+        except GatewayError as error:
+            reply = (anthropic_error if route.anthropic else openai_error)(error)
+        except _ClientGone:
+            return
+        except Exception as error:  # never a stack trace (nor a key) to the client
+            logger.error("gateway %s failed: %s", route.name, type(error).__name__)
+            reply = (anthropic_error if route.anthropic else openai_error)(
+                _Internal(type(error).__name__)
+            )
+        self.server.metrics.answered(route.name, reply.status, time.perf_counter() - started)
+        await reply(receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

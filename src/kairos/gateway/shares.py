@@ -1,0 +1,204 @@
+"""Budget shares: holds served from this process's memory, out of amounts it reserved in the
+shared counters beforehand, so a call pays no counters round trip while its key has room.
+
+A share is one hold in the shared counters, for a set of counters (one key's budgets and rate
+windows), of `depth` times a call's worst case on each, but never more than 1/64 of what
+remained on a counter when it was taken. Holds of calls are then charged to the share in
+memory, all lines or none; settling gives back to the share. Every amount a call is granted
+was first charged in the shared store, so budgets hold across processes exactly as before:
+what changes is only that up to one share per key per process is reserved and not yet used.
+
+The next share is taken in the background once one is half used or half its `lifetime` old,
+so calls seldom wait for the store. A share retires when it cannot cover a call, when the
+next one replaces it, when its counters roll over (the next minute, day or month), and after
+`lifetime` seconds; once its last call settled it is settled in the store to what its calls
+really used. Near a limit (less than 128 worst cases left) no share
+is taken and every hold goes to the store, so the last of a budget is split exactly. A
+process that dies with a share open leaves it charged in full when its lease runs out (the
+lease rule for any hold): at most `depth` worst cases, at most 1/64 of what remained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any
+
+from kairos.gateway.accounting import new_id
+from kairos.gateway.counters import Counters, Line
+
+logger = logging.getLogger(__name__)
+
+_FRACTION = 64  # a share takes at most this fraction of what remains
+
+
+class _Share:
+    __slots__ = (
+        "counters", "granted", "id", "open", "released", "renew_at", "renewing", "retired", "used",
+    )  # fmt: skip
+
+    def __init__(
+        self, ident: str, counters: tuple[str, ...], granted: list[int], renew_at: float
+    ) -> None:
+        self.id = ident
+        self.counters = counters
+        self.renew_at = renew_at  # monotonic time after which the next one is taken ahead
+        self.renewing = False
+        self.granted = granted  # charged in the store, per counter
+        self.used = [0] * len(granted)  # handed to calls (their holds, then what they used)
+        self.open = 0  # calls holding from it, not settled yet
+        self.retired = False  # no new calls
+        self.released = False  # settled in the store
+
+
+class SharedCounters:
+    """A `Counters` in front of the shared one, serving holds from shares (see module doc)."""
+
+    def __init__(
+        self, store: Counters, *, depth: int = 16, lifetime: float = 2.0, lease: float = 600.0
+    ) -> None:
+        self.store = store
+        self.depth = depth
+        self.lifetime = lifetime
+        self.lease = lease
+        self._shares: dict[tuple[tuple[str, int], ...], _Share] = {}
+        self._holds: dict[str, tuple[_Share, tuple[int, ...], float]] = {}
+        self._not_before: dict[tuple[tuple[str, int], ...], float] = {}  # no share until then
+        self._releasing: set[asyncio.Task[Any]] = set()  # shares taken or given back
+        self.served = self.taken = 0  # holds served from shares; shares taken
+
+    async def spent(self, counters: Sequence[str]) -> list[int]:
+        """What the store holds: calls' holds and usage, plus what shares reserved unused."""
+        return await self.store.spent(counters)
+
+    async def hold(self, hold_id: str, lines: Sequence[Line], lease_until: float) -> int | None:
+        shape = tuple((line.counter, line.limit) for line in lines)
+        share = self._shares.get(shape)
+        if share is not None and self._take(share, hold_id, lines, lease_until):
+            if not share.renewing and (
+                share.renew_at < time.monotonic()
+                or any(u * 2 > g for u, g in zip(share.used, share.granted, strict=True))
+            ):  # half used or half its life gone: the next share is taken off the call's path
+                share.renewing = True
+                self._background(self._new_share(shape, lines))
+            return None
+        if share is not None:
+            self._retire(shape, share)
+        share = await self._new_share(shape, lines)
+        if share is not None and self._take(share, hold_id, lines, lease_until):
+            return None
+        return await self.store.hold(hold_id, lines, lease_until)
+
+    def _take(self, share: _Share, hold_id: str, lines: Sequence[Line], lease: float) -> bool:
+        if share.retired:
+            return False
+        used, granted = share.used, share.granted
+        for index, line in enumerate(lines):
+            if used[index] + line.amount > granted[index]:
+                return False
+        for index, line in enumerate(lines):
+            used[index] += line.amount
+        share.open += 1
+        self.served += 1
+        self._holds[hold_id] = (share, tuple(line.amount for line in lines), lease)
+        return True
+
+    async def _new_share(
+        self, shape: tuple[tuple[str, int], ...], lines: Sequence[Line]
+    ) -> _Share | None:
+        now = time.monotonic()
+        if self._not_before.get(shape, 0.0) > now or self.depth < 2:
+            return None
+        if len(self._not_before) > 4096:
+            self._not_before = {s: t for s, t in self._not_before.items() if t > now}
+        counters = tuple(line.counter for line in lines)
+        spent = await self.store.spent(counters)
+        sizes = []
+        for line, used in zip(lines, spent, strict=True):
+            size = min(line.amount * self.depth, (line.limit - used) // _FRACTION)
+            if size < 2 * max(line.amount, 1):  # near the limit: every hold to the store
+                self._not_before[shape] = now + self.lifetime
+                return None
+            sizes.append(size)
+        ident = "share-" + new_id()
+        wide = [
+            Line(
+                line.counter, line.limit, size, line.expires_at and line.expires_at + self.lifetime
+            )
+            for line, size in zip(lines, sizes, strict=True)
+        ]
+        if await self.store.hold(ident, wide, time.time() + self.lease + self.lifetime) is not None:
+            self._not_before[shape] = now + self.lifetime  # others took it first
+            return None
+        share = _Share(ident, counters, sizes, now + self.lifetime / 2)
+        self.taken += 1
+        if (old := self._shares.get(shape)) is not None:  # another call made one meanwhile
+            self._retire(shape, old)
+        self._shares[shape] = share
+        asyncio.get_running_loop().call_later(self.lifetime, self._expire, shape, share)
+        return share
+
+    def _expire(self, shape: tuple[tuple[str, int], ...], share: _Share) -> None:
+        self._retire(shape, share)
+
+    def _retire(self, shape: tuple[tuple[str, int], ...], share: _Share) -> None:
+        share.retired = True
+        if self._shares.get(shape) is share:
+            del self._shares[shape]
+        if share.open == 0 and not share.released:
+            self._background(self._release(share))
+
+    def _background(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._releasing.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._releasing.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            logger.error("a budget share failed: %s: %s", type(error).__name__, error)
+
+    async def _release(self, share: _Share) -> None:
+        if share.released:
+            return
+        share.released = True
+        try:
+            await self.store.settle(share.id, dict(zip(share.counters, share.used, strict=True)))
+        except Exception as error:  # the share stays charged in full: never more than used
+            logger.error("releasing a budget share failed: %s: %s", type(error).__name__, error)
+
+    async def settle(self, hold_id: str, actual: Mapping[str, int]) -> bool:
+        record = self._holds.pop(hold_id, None)
+        if record is None:
+            return await self.store.settle(hold_id, actual)
+        share, amounts, lease_until = record
+        share.open -= 1
+        settled = lease_until >= time.time()
+        if settled:  # else its lease ran out: the full hold stays charged
+            for index, (counter, amount) in enumerate(zip(share.counters, amounts, strict=True)):
+                share.used[index] += actual.get(counter, amount) - amount
+        if share.retired and share.open == 0:
+            await self._release(share)
+        return settled
+
+    async def release(self) -> None:
+        """Give back what idle shares reserved (the store then holds exactly what calls used);
+        shares with calls open are given back when their last call settles."""
+        await self._give_back(idle_only=True)
+
+    async def _give_back(self, *, idle_only: bool) -> None:
+        while True:  # a share being taken in the background is given back too
+            for shape, share in list(self._shares.items()):
+                if share.open == 0 or not idle_only:
+                    self._retire(shape, share)
+            if not self._releasing:
+                return
+            await asyncio.gather(*list(self._releasing), return_exceptions=True)
+
+    async def close(self) -> None:
+        await self._give_back(idle_only=False)
+        for share in {share for share, _, _ in self._holds.values()}:
+            await self._release(share)  # calls never settled: their full holds stay charged
+        await self.store.close()
