@@ -114,3 +114,28 @@ def test_two_processes_with_shares_never_pass_a_limit(counters_url: str) -> None
     assert all(side.served > 0 for side in sides)
     assert spent == used <= limit
     assert spent > limit - 10  # refused only when a worst case no longer fits
+
+
+def test_a_call_never_settled_does_not_keep_its_whole_share(counters_url: str) -> None:
+    """A share with a call still open when the share's lease nears its end is given back as
+    it is: the lost call stays charged in full, the others' refunds and the unused part are
+    not lost with it."""
+
+    async def scenario() -> list[int]:
+        store = counters_from_url(counters_url)
+        shares = SharedCounters(store, depth=16, lifetime=0.1, lease=0.1)
+        try:
+            line = [Line("l:usd", 1_000_000, 10)]
+            assert await shares.hold("lost", line, time.time() + 0.1) is None
+            assert await shares.hold("b", line, time.time() + 0.1) is None
+            assert await shares.settle("b", {"l:usd": 1})
+            await asyncio.sleep(0.4)  # the share retired with "lost" open; its lease nears
+            assert await shares.hold("c", line, time.time() + 0.1) is None  # a new share
+            assert await shares.settle("c", {"l:usd": 1})
+            assert not await shares.settle("lost", {"l:usd": 0})  # too late: charged in full
+            await shares.release()
+            return await shares.spent(["l:usd"])
+        finally:
+            await shares.close()
+
+    assert asyncio.run(scenario()) == [10 + 1 + 1]

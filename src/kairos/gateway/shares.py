@@ -32,25 +32,34 @@ from kairos.gateway.counters import Counters, Line
 logger = logging.getLogger(__name__)
 
 _FRACTION = 64  # a share takes at most this fraction of what remains
+_MARGIN = 5.0  # seconds before a share's lease ends that it is given back, calls open or not
+Shape = tuple[tuple[str, int], ...]  # a call's counters and limits
 
 
 class _Share:
     __slots__ = (
-        "counters", "granted", "id", "open", "released", "renew_at", "renewing", "retired", "used",
+        "counters", "granted", "id", "lease_until", "open", "released", "renew_at", "renewing",
+        "retired", "used",
     )  # fmt: skip
 
     def __init__(
-        self, ident: str, counters: tuple[str, ...], granted: list[int], renew_at: float
+        self,
+        ident: str,
+        counters: tuple[str, ...],
+        granted: list[int],
+        renew_at: float,
+        lease_until: float,
     ) -> None:
         self.id = ident
         self.counters = counters
-        self.renew_at = renew_at  # monotonic time after which the next one is taken ahead
-        self.renewing = False
         self.granted = granted  # charged in the store, per counter
         self.used = [0] * len(granted)  # handed to calls (their holds, then what they used)
         self.open = 0  # calls holding from it, not settled yet
+        self.renew_at = renew_at  # monotonic time after which the next one is taken ahead
+        self.renewing = False
+        self.lease_until = lease_until  # epoch seconds: the store charges it in full after
         self.retired = False  # no new calls
-        self.released = False  # settled in the store
+        self.released = False  # settled in the store (calls settling later change nothing)
 
 
 class SharedCounters:
@@ -63,10 +72,13 @@ class SharedCounters:
         self.depth = depth
         self.lifetime = lifetime
         self.lease = lease
-        self._shares: dict[tuple[tuple[str, int], ...], _Share] = {}
+        self._shares: dict[Shape, _Share] = {}
         self._holds: dict[str, tuple[_Share, tuple[int, ...], float]] = {}
-        self._not_before: dict[tuple[tuple[str, int], ...], float] = {}  # no share until then
-        self._releasing: set[asyncio.Task[Any]] = set()  # shares taken or given back
+        self._not_before: dict[Shape, float] = {}  # no share taken for it until then
+        self._taking: dict[Shape, asyncio.Task[_Share | None]] = {}
+        self._waiting: set[_Share] = set()  # retired with calls open
+        self._work: set[asyncio.Task[Any]] = set()  # shares being taken or given back
+        self._closed = False
         self.served = self.taken = 0  # holds served from shares; shares taken
 
     async def spent(self, counters: Sequence[str]) -> list[int]:
@@ -92,7 +104,7 @@ class SharedCounters:
         return await self.store.hold(hold_id, lines, lease_until)
 
     def _take(self, share: _Share, hold_id: str, lines: Sequence[Line], lease: float) -> bool:
-        if share.retired:
+        if share.retired or lease > share.lease_until - _MARGIN:
             return False
         used, granted = share.used, share.granted
         for index, line in enumerate(lines):
@@ -105,58 +117,88 @@ class SharedCounters:
         self._holds[hold_id] = (share, tuple(line.amount for line in lines), lease)
         return True
 
-    async def _new_share(
-        self, shape: tuple[tuple[str, int], ...], lines: Sequence[Line]
-    ) -> _Share | None:
-        now = time.monotonic()
-        if self._not_before.get(shape, 0.0) > now or self.depth < 2:
+    async def _new_share(self, shape: Shape, lines: Sequence[Line]) -> _Share | None:
+        """A new share for `shape` (None where none can be had); calls that miss together
+        wait for one taking, not one each."""
+        if self._closed or self.depth < 2:
             return None
+        taking = self._taking.get(shape)
+        if taking is None:
+            if self._not_before.get(shape, 0.0) > time.monotonic():
+                return None
+            taking = asyncio.get_running_loop().create_task(self._take_share(shape, lines))
+            self._taking[shape] = taking
+            taking.add_done_callback(lambda _: self._taking.pop(shape, None))
+        return await asyncio.shield(taking)
+
+    async def _take_share(self, shape: Shape, lines: Sequence[Line]) -> _Share | None:
+        now = time.monotonic()
+        self._lapse(time.time())
         if len(self._not_before) > 4096:
             self._not_before = {s: t for s, t in self._not_before.items() if t > now}
         counters = tuple(line.counter for line in lines)
-        spent = await self.store.spent(counters)
-        sizes = []
-        for line, used in zip(lines, spent, strict=True):
-            size = min(line.amount * self.depth, (line.limit - used) // _FRACTION)
-            if size < 2 * max(line.amount, 1):  # near the limit: every hold to the store
-                self._not_before[shape] = now + self.lifetime
-                return None
-            sizes.append(size)
-        ident = "share-" + new_id()
-        wide = [
-            Line(
-                line.counter, line.limit, size, line.expires_at and line.expires_at + self.lifetime
-            )
-            for line, size in zip(lines, sizes, strict=True)
-        ]
-        if await self.store.hold(ident, wide, time.time() + self.lease + self.lifetime) is not None:
-            self._not_before[shape] = now + self.lifetime  # others took it first
+        lease_until = time.time() + self.lease + 2 * self.lifetime + _MARGIN
+        # a share of `depth` worst cases, else of 2; the store grants it only where it is at
+        # most 1/64 of what remains: spent + 64 x size <= limit, one conditional hold
+        for depth in (self.depth, 2):
+            ident = "share-" + new_id()
+            sizes = [line.amount * depth for line in lines]
+            wide = [
+                Line(
+                    line.counter,
+                    line.limit - (_FRACTION - 1) * size,
+                    size,
+                    line.expires_at and line.expires_at + self.lifetime,
+                )
+                for line, size in zip(lines, sizes, strict=True)
+            ]
+            if min(sizes) > 0 and await self.store.hold(ident, wide, lease_until) is None:
+                break
+        else:  # near the limit (or a zero amount): every hold to the store for a while
+            self._not_before[shape] = now + self.lifetime
             return None
-        share = _Share(ident, counters, sizes, now + self.lifetime / 2)
+        share = _Share(ident, counters, sizes, now + self.lifetime / 2, lease_until)
         self.taken += 1
-        if (old := self._shares.get(shape)) is not None:  # another call made one meanwhile
+        if self._closed:  # closed while it was being taken: give it back at once
+            share.retired = True
+            await self._release(share)
+            return None
+        if (old := self._shares.get(shape)) is not None:  # the one it renews
             self._retire(shape, old)
         self._shares[shape] = share
         asyncio.get_running_loop().call_later(self.lifetime, self._expire, shape, share)
         return share
 
-    def _expire(self, shape: tuple[tuple[str, int], ...], share: _Share) -> None:
+    def _expire(self, shape: Shape, share: _Share) -> None:
         self._retire(shape, share)
 
-    def _retire(self, shape: tuple[tuple[str, int], ...], share: _Share) -> None:
+    def _retire(self, shape: Shape, share: _Share) -> None:
         share.retired = True
         if self._shares.get(shape) is share:
             del self._shares[shape]
-        if share.open == 0 and not share.released:
+        if share.released:
+            return
+        if share.open == 0:
+            self._waiting.discard(share)
+            self._background(self._release(share))
+        else:
+            self._waiting.add(share)
+
+    def _lapse(self, now: float) -> None:
+        """Shares whose calls stay open until near the share's lease: given back as they are
+        (open calls counted in full), so one lost call does not keep the rest charged."""
+        for share in [s for s in self._waiting if s.lease_until - _MARGIN <= now]:
+            self._waiting.discard(share)
+            self._holds = {h: r for h, r in self._holds.items() if r[0] is not share}
             self._background(self._release(share))
 
     def _background(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(work)
-        self._releasing.add(task)
+        self._work.add(task)
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[Any]) -> None:
-        self._releasing.discard(task)
+        self._work.discard(task)
         if not task.cancelled() and (error := task.exception()) is not None:
             logger.error("a budget share failed: %s: %s", type(error).__name__, error)
 
@@ -175,30 +217,40 @@ class SharedCounters:
             return await self.store.settle(hold_id, actual)
         share, amounts, lease_until = record
         share.open -= 1
-        settled = lease_until >= time.time()
-        if settled:  # else its lease ran out: the full hold stays charged
+        # once its lease ran out (or its share was given back) the full hold stays charged
+        settled = not share.released and lease_until >= time.time()
+        if settled:
             for index, (counter, amount) in enumerate(zip(share.counters, amounts, strict=True)):
                 share.used[index] += actual.get(counter, amount) - amount
-        if share.retired and share.open == 0:
-            await self._release(share)
+        if share.retired and share.open == 0 and not share.released:
+            self._waiting.discard(share)
+            # in a task of its own: a caller cancelled now cannot leave the share unsettled
+            self._background(self._release(share))
         return settled
 
     async def release(self) -> None:
         """Give back what idle shares reserved (the store then holds exactly what calls used);
         shares with calls open are given back when their last call settles."""
-        await self._give_back(idle_only=True)
-
-    async def _give_back(self, *, idle_only: bool) -> None:
-        while True:  # a share being taken in the background is given back too
+        for _ in range(8):  # under steady traffic new shares keep coming: a few passes
             for shape, share in list(self._shares.items()):
-                if share.open == 0 or not idle_only:
+                if share.open == 0:
                     self._retire(shape, share)
-            if not self._releasing:
+            pending = [*self._work, *self._taking.values()]
+            if not pending:
                 return
-            await asyncio.gather(*list(self._releasing), return_exceptions=True)
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def close(self) -> None:
-        await self._give_back(idle_only=False)
-        for share in {share for share, _, _ in self._holds.values()}:
-            await self._release(share)  # calls never settled: their full holds stay charged
+        """Give every share back (calls never settled stay charged in full), then close the
+        store."""
+        self._closed = True
+        while self._taking or self._work:
+            await asyncio.gather(*self._work, *self._taking.values(), return_exceptions=True)
+        for shape, share in list(self._shares.items()):
+            self._retire(shape, share)
+        for share in [*self._waiting, *(record[0] for record in self._holds.values())]:
+            self._background(self._release(share))
+        self._waiting.clear()
+        while self._work:
+            await asyncio.gather(*self._work, return_exceptions=True)
         await self.store.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import TypeVar
 from kairos.gateway.errors import AccountingUnavailable
 
 T = TypeVar("T")
+_RETRIES = 20  # about 0.8 s of pauses in all
 
 
 class SQLiteThread:
@@ -61,11 +63,26 @@ class SQLiteThread:
                 ) from None
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, lambda: work(self._connect()))
+            return await loop.run_in_executor(self._executor, self._retrying, work)
         except sqlite3.Error as error:  # fail closed, without the file's contents or path
             raise AccountingUnavailable(
                 f"the gateway's SQLite store failed ({type(error).__name__}: {error})"
             ) from None
+
+    def _retrying(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """`work` on the thread's connection. A write that finds the file locked although the
+        busy timeout should have waited (in WAL mode, a statement whose snapshot another
+        connection wrote past: SQLite answers at once) is retried after a short pause; `work`
+        fails before it changed anything, so a retry is safe."""
+        for attempt in range(_RETRIES):
+            try:
+                return work(self._connect())
+            except sqlite3.OperationalError as error:
+                locked = "locked" in str(error) or "busy" in str(error)
+                if not locked or attempt == _RETRIES - 1:
+                    raise
+                time.sleep(min(0.001 * 2**attempt, 0.05))
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         def shut(connection: sqlite3.Connection) -> None:
