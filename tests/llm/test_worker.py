@@ -188,8 +188,12 @@ async def _stream(url: str, tokens: int, log: dict[str, list[float]], key: str) 
         last: dict[str, Any] = {}
         async for line in response.aiter_lines():
             if line.startswith("data: {"):
-                log.setdefault(key, []).append(time.perf_counter())
                 last = json.loads(line[6:])
+                # only chunks with generated text: a stream's usage chunk (after its last token)
+                # and the next stream's first chunk (before its first token) leave the worker
+                # together, and one client loop may read them in either order
+                if any(choice.get("text") for choice in last.get("choices") or ()):
+                    log.setdefault(key, []).append(time.perf_counter())
         return last
 
 
