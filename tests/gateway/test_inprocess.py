@@ -63,4 +63,5 @@ def test_anthropic_callers_get_anthropic_errors(upstream: FakeUpstream, tmp_path
         ):
             for _ in stream.text_stream:
                 pass
+        sdk.close()
         server.call(gateway.close())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,20 @@ from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
 
 
 def client(served: ServerThread, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=key, max_retries=0)
+    sdk = openai.OpenAI(base_url=f"{served.url}/v1", api_key=key, max_retries=0)
+    _OPEN.append(sdk)
+    return sdk
+
+
+_OPEN: list[openai.OpenAI | anthropic.Anthropic] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_sdks() -> Iterator[None]:
+    """SDK clients are closed after each test: their pooled sockets never reach the GC."""
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
 
 
 def ledger(served: ServerThread) -> list[dict[str, object]]:
@@ -101,6 +115,7 @@ def test_completions_embeddings_and_models(served: ServerThread) -> None:
 
 def test_anthropic_sdk_on_messages(served: ServerThread, upstream: FakeUpstream) -> None:
     sdk = anthropic.Anthropic(base_url=served.url, api_key=new_key(served), max_retries=0)
+    _OPEN.append(sdk)
     for model in ("chat", "claude"):  # an OpenAI-compatible and an Anthropic deployment
         message = sdk.messages.create(
             model=model,
