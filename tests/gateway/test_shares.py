@@ -13,7 +13,7 @@ from kairos.gateway.shares import SharedCounters
 
 
 def test_holds_come_from_a_share_and_the_store_ends_exact(counters_url: str) -> None:
-    async def scenario() -> tuple[SharedCounters, list[int], list[int], list[int]]:
+    async def scenario() -> tuple[SharedCounters, list[int], list[int]]:
         shares = SharedCounters(counters_from_url(counters_url), depth=16)
         try:
             lease = time.time() + 60
@@ -27,11 +27,11 @@ def test_holds_come_from_a_share_and_the_store_ends_exact(counters_url: str) -> 
             after = await shares.spent(["k:usd"])
             never = Line("k:usd", 1_000_000, 10)
             assert await shares.hold("never settled", [never], lease) is None
-            return shares, during, after, []
+            return shares, during, after
         finally:
             await shares.close()
 
-    shares, during, after, _ = asyncio.run(scenario())
+    shares, during, after = asyncio.run(scenario())
     # a share is 16 worst cases (160); each call gives back 3 of its 10, and the next share
     # is taken (in the background) once one is half used: one share per 11 calls or so
     assert shares.served == 101 and 5 <= shares.taken <= 12

@@ -166,11 +166,8 @@ class SharedCounters:
         if (old := self._shares.get(shape)) is not None:  # the one it renews
             self._retire(shape, old)
         self._shares[shape] = share
-        asyncio.get_running_loop().call_later(self.lifetime, self._expire, shape, share)
+        asyncio.get_running_loop().call_later(self.lifetime, self._retire, shape, share)
         return share
-
-    def _expire(self, shape: Shape, share: _Share) -> None:
-        self._retire(shape, share)
 
     def _retire(self, shape: Shape, share: _Share) -> None:
         share.retired = True

@@ -74,15 +74,14 @@ class SQLiteThread:
         busy timeout should have waited (in WAL mode, a statement whose snapshot another
         connection wrote past: SQLite answers at once) is retried after a short pause; `work`
         fails before it changed anything, so a retry is safe."""
-        for attempt in range(_RETRIES):
+        for attempt in range(_RETRIES - 1):
             try:
                 return work(self._connect())
             except sqlite3.OperationalError as error:
-                locked = "locked" in str(error) or "busy" in str(error)
-                if not locked or attempt == _RETRIES - 1:
+                if "locked" not in str(error) and "busy" not in str(error):
                     raise
                 time.sleep(min(0.001 * 2**attempt, 0.05))
-        raise AssertionError("unreachable")
+        return work(self._connect())  # the last try: what fails now is raised
 
     async def close(self) -> None:
         def shut(connection: sqlite3.Connection) -> None:
