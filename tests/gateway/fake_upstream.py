@@ -6,15 +6,23 @@ behaviour chosen by the upstream model name (or `behaviour[model]`, changeable m
   fail     500            busy   429            bad    400
   cut      streams two chunks, then drops the connection (no usage)
   late     streams 5 chunks 0.1 s apart, usage last (for client-disconnect tests)
-  broken   streams two chunks, then an in-band error event
+  broken   streams two chunks, then an in-band error event quoting the credential (chat,
+           and Anthropic's `event: error` on /v1/messages)
+  truncated  streams two chunks, then ends the body (well framed) without its terminal
+           event (no `data: [DONE]`; no `message_stop` on /v1/messages)
+  page     500 with a non-JSON page: 190 bytes, then the credential (across byte 200)
   timed    answers after `delay` seconds; streams `chunks` chunks over `stream_seconds`
 
-`ServerThread` runs any ASGI app with uvicorn on a free localhost port in a thread.
+`cut` and `truncated` apply to chat, completions and /v1/messages streams alike.
+
+`ServerThread` runs any ASGI app with uvicorn on a free localhost port in a thread;
+`close_delimited` serves one on the running loop with bodies that end when the connection does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -66,6 +74,9 @@ class FakeUpstream:
             await asyncio.sleep(self.slow_seconds)
         if mode == "timed" and self.delay and not body.get("stream"):
             await asyncio.sleep(self.delay)
+        if mode == "page":  # an error page from a proxy in front of the provider
+            page = b"<html><body>" + b"x" * 178 + _credential(request).encode() + b"</body></html>"
+            return body, mode, Response(page, 500, media_type="text/html")
         failure = {"fail": 500, "busy": 429, "bad": 400}.get(mode)
         if failure:
             # a careless provider that quotes the credential it was sent
@@ -98,11 +109,12 @@ class FakeUpstream:
             })  # fmt: skip
         include = bool((body.get("stream_options") or {}).get("include_usage"))
         return StreamingResponse(
-            self._chat_stream(body, mode, out, include), media_type="text/event-stream"
+            self._chat_stream(body, mode, out, include, _credential(request)),
+            media_type="text/event-stream",
         )
 
     async def _chat_stream(
-        self, body: dict[str, Any], mode: str, out: int, include: bool
+        self, body: dict[str, Any], mode: str, out: int, include: bool, quoted: str = ""
     ) -> AsyncIterator[bytes]:
         def frame(delta: dict[str, Any], finish: str | None = None) -> bytes:
             chunk = {
@@ -127,7 +139,10 @@ class FakeUpstream:
             if index == 2 and mode == "cut":
                 raise RuntimeError("scripted cut")  # uvicorn drops the connection
             if index == 2 and mode == "broken":
-                yield b'data: {"error": {"message": "scripted overload"}}\n\n'
+                error = {"error": {"message": f"scripted overload (key {quoted})"}}
+                yield b"data: " + orjson.dumps(error) + b"\n\n"
+                return
+            if index == 2 and mode == "truncated":
                 return
             yield frame({"content": "tok "})
         yield frame({}, "stop")
@@ -144,10 +159,14 @@ class FakeUpstream:
         self.finished_streams += 1
 
     async def completions(self, request: Request) -> Response:
-        body, _, failure = await self._begin(request)
+        body, mode, failure = await self._begin(request)
         if failure:
             return failure
         out = self._out(body)
+        if body.get("stream"):
+            return StreamingResponse(
+                self._completion_stream(body, mode, out), media_type="text/event-stream"
+            )
         return _json({
             "id": "cmpl-fake", "object": "text_completion", "created": 1, "model": body["model"],
             "choices": [{"index": 0, "text": "tok " * out, "finish_reason": "stop",
@@ -155,6 +174,32 @@ class FakeUpstream:
             "usage": {"prompt_tokens": TOKENS_IN, "completion_tokens": out,
                       "total_tokens": TOKENS_IN + out},
         })  # fmt: skip
+
+    async def _completion_stream(
+        self, body: dict[str, Any], mode: str, out: int
+    ) -> AsyncIterator[bytes]:
+        def frame(text: str, finish: str | None = None, usage: Any = None) -> bytes:
+            chunk = {
+                "id": "cmpl-fake", "object": "text_completion", "created": 1,
+                "model": body["model"], "usage": usage,
+                "choices": [{"index": 0, "text": text, "finish_reason": finish,
+                             "logprobs": None}] if usage is None else [],
+            }  # fmt: skip
+            return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+        for index in range(out):
+            if index == 2 and mode == "cut":
+                raise RuntimeError("scripted cut")  # uvicorn drops the connection
+            if index == 2 and mode == "truncated":
+                return
+            yield frame("tok ")
+        yield frame("", "stop")
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"prompt_tokens": TOKENS_IN, "completion_tokens": out,
+                     "total_tokens": TOKENS_IN + out}  # fmt: skip
+            yield frame("", usage=usage)
+        yield b"data: [DONE]\n\n"
+        self.finished_streams += 1
 
     async def embeddings(self, request: Request) -> Response:
         body, _, failure = await self._begin(request)
@@ -169,7 +214,7 @@ class FakeUpstream:
         })  # fmt: skip
 
     async def messages(self, request: Request) -> Response:
-        body, _, failure = await self._begin(request)
+        body, mode, failure = await self._begin(request)
         if failure:
             return failure
         out = int(min(body["max_tokens"], self.chunks))
@@ -179,9 +224,14 @@ class FakeUpstream:
                 "content": [{"type": "text", "text": "tok " * out}], "stop_reason": "end_turn",
                 "stop_sequence": None, "usage": {"input_tokens": TOKENS_IN, "output_tokens": out},
             })  # fmt: skip
-        return StreamingResponse(self._message_stream(body, out), media_type="text/event-stream")
+        return StreamingResponse(
+            self._message_stream(body, out, mode, _credential(request)),
+            media_type="text/event-stream",
+        )
 
-    async def _message_stream(self, body: dict[str, Any], out: int) -> AsyncIterator[bytes]:
+    async def _message_stream(
+        self, body: dict[str, Any], out: int, mode: str = "echo", quoted: str = ""
+    ) -> AsyncIterator[bytes]:
         def event(name: str, data: dict[str, Any]) -> bytes:
             return f"event: {name}\n".encode() + b"data: " + orjson.dumps(data) + b"\n\n"
 
@@ -195,7 +245,15 @@ class FakeUpstream:
             {"type": "content_block_start", "index": 0, "content_block": block},
         )
         yield event("ping", {"type": "ping"})
-        for _ in range(out):
+        for index in range(out):
+            if index == 2 and mode == "cut":
+                raise RuntimeError("scripted cut")  # uvicorn drops the connection
+            if index == 2 and mode == "truncated":
+                return
+            if index == 2 and mode == "broken":
+                error = {"type": "overloaded_error", "message": f"scripted overload ({quoted})"}
+                yield event("error", {"type": "error", "error": error})
+                return
             delta = {"type": "text_delta", "text": "tok "}
             yield event(
                 "content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}
@@ -205,6 +263,12 @@ class FakeUpstream:
                                       "delta": {"stop_reason": "end_turn", "stop_sequence": None},
                                       "usage": {"output_tokens": out}})  # fmt: skip
         yield event("message_stop", {"type": "message_stop"})
+
+
+def _credential(request: Request) -> str:
+    """The key a provider was sent (a careless one quotes it back)."""
+    bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
+    return request.headers.get("x-api-key") or bearer
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -278,3 +342,54 @@ class ServerThread:
         else:
             server.should_exit = True
         self.thread.join(10)
+
+
+async def close_delimited(app: Any) -> tuple[asyncio.Server, str]:
+    """Serve `app` on the running loop, one request per connection, each answer's body with
+    neither a content-length nor chunks: it ends when the connection closes (HTTP/1.0 style,
+    as some servers and proxies stream). Returns the server and its URL."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            method, target, _ = head[0].split(" ", 2)
+            fields = [line.partition(":") for line in head[1:] if line]
+            headers = [(n.strip().lower().encode(), v.strip().encode()) for n, _, v in fields]
+            body = await reader.readexactly(int(dict(headers).get(b"content-length", b"0")))
+            path, _, query = target.partition("?")
+            scope = {
+                "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
+                "query_string": query.encode(), "root_path": "", "headers": headers,
+                "server": ("127.0.0.1", 0), "client": ("127.0.0.1", 0),
+            }  # fmt: skip
+            requested = False
+
+            async def receive() -> dict[str, Any]:
+                nonlocal requested
+                if requested:  # nothing more: wait until the answer is written
+                    await asyncio.Event().wait()
+                requested = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            async def send(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    lines = [f"HTTP/1.1 {message['status']} OK", "connection: close"]
+                    lines += [
+                        f"{n.decode()}: {v.decode()}"
+                        for n, v in message.get("headers", [])
+                        if n.lower() not in (b"content-length", b"transfer-encoding")
+                    ]
+                    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+                elif message["type"] == "http.response.body":
+                    writer.write(message.get("body", b""))
+                    await writer.drain()
+
+            with contextlib.suppress(Exception):  # a scripted cut: the body just ends
+                await app(scope, receive, send)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"

@@ -12,9 +12,15 @@ import orjson
 
 from kairos.gateway import sse
 from kairos.gateway.config import ProviderConfig
-from kairos.gateway.errors import InvalidRequest, UnsupportedRoute, UpstreamError
+from kairos.gateway.errors import (
+    InvalidRequest,
+    UnsupportedRoute,
+    UpstreamError,
+    UpstreamIncomplete,
+)
 from kairos.gateway.http import HTTPClient
 from kairos.gateway.providers import event_stream, json_reply, post
+from kairos.gateway.scrub import Secrets
 
 API_VERSION = "2023-06-01"
 _STOP = {
@@ -156,6 +162,10 @@ async def chunks_from_anthropic(
             raise UpstreamError(
                 f"provider {provider!r} failed mid-stream: {error.get('message', 'error')}"
             )
+    # the body ended by its framing (or with none) before message_stop: cut short
+    raise UpstreamIncomplete(
+        f"provider {provider!r} ended the stream before message_stop; the answer may be cut short"
+    )
 
 
 class AnthropicProvider:
@@ -201,6 +211,7 @@ class AnthropicProvider:
                 yield orjson.dumps(chunk)
         except UpstreamError as error:
             error.accepted = True
+            Secrets.of_provider(self.config).scrub_error(error)  # it may quote the key it got
             raise
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]

@@ -94,6 +94,16 @@ class UpstreamError(GatewayError, ConnectionError):
         self.accepted = accepted  # the provider answered 200: it may bill the call
 
 
+class UpstreamIncomplete(UpstreamError):
+    """A stream that ended without its terminal event (`data: [DONE]`, `message_stop`): the
+    answer may be cut short, so it is not passed on as finished (nor logged `ok`)."""
+
+    code = "upstream_incomplete"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, accepted=True)  # after a 200: the provider took the call
+
+
 class AccountingUnavailable(GatewayError, RuntimeError):
     """The budget store cannot be reached: the gateway fails closed."""
 

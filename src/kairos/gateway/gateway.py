@@ -44,6 +44,7 @@ from kairos.gateway.prices import Price
 from kairos.gateway.providers import Provider, Usage, chunk_usage, openai_usage, provider_for
 from kairos.gateway.registry import Registry, registry_from_url
 from kairos.gateway.router import Router
+from kairos.gateway.scrub import Secrets
 from kairos.gateway.shares import SharedCounters
 
 logger = logging.getLogger(__name__)
@@ -72,9 +73,11 @@ class Stream:
         on_end: Callable[[Usage | None, str], Awaitable[None]],
         request_id: str,
         settle_after: float = 0.0,
+        secrets: Secrets | None = None,
     ) -> None:
         self.request_id = request_id
         self._settle_after = settle_after
+        self._secrets = secrets or Secrets(())
         self.include_usage = include_usage
         self._drain = drain
         # what the pump read and the reader has not taken yet; None marks the end
@@ -94,7 +97,8 @@ class Stream:
         usage = chunk_usage(first)
         status = "ok"
         arrive = self._arrive
-        arrive(first)
+        scrub = self._secrets.scrub  # a provider may quote the key it was sent in any event
+        arrive(scrub(first))
         try:
             async with asyncio.timeout(None) as deadline:
                 self._deadline = deadline
@@ -103,10 +107,11 @@ class Stream:
                 async for chunk in upstream:
                     usage = chunk_usage(chunk) or usage
                     if not self._client_gone:
-                        arrive(chunk)
+                        arrive(scrub(chunk))
         except UpstreamError as error:
-            status = "upstream_error"
-            arrive({"error": {"message": error.message, "type": error.kind, "code": error.code}})
+            status = error.code  # upstream_error; upstream_incomplete for a stream cut short
+            message = scrub(error.message)
+            arrive({"error": {"message": message, "type": error.kind, "code": error.code}})
         except TimeoutError:
             status = "drain_timeout"
         except Exception as error:  # never leave the client or the hold hanging
@@ -236,6 +241,7 @@ class Gateway:
         self.counters = counters or counters_from_url(config.counters)
         self.providers = providers or {n: provider_for(p) for n, p in config.providers.items()}
         self.router = Router(config)
+        self.secrets = Secrets.of(config)  # masked in every text that leaves (scrub.py)
         # holds are served from budget shares in memory while a key has room (shares.py)
         self.shares = SharedCounters(self.counters, depth=config.budget_shares, lease=config.lease)
         self.accountant = Accountant(self.shares, lease=config.lease)
@@ -407,6 +413,7 @@ class Gateway:
         try:
             return await call.run()
         except GatewayError as error:
+            self.secrets.scrub_error(error)  # whatever provider built it, no credential leaves
             call.log(None, None, error.code)
             raise
 
@@ -432,7 +439,8 @@ class Gateway:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             error = task.exception()
-            logger.error("settling a call failed: %s: %s", type(error).__name__, error)
+            text = self.secrets.scrub(str(error))
+            logger.error("settling a call failed: %s: %s", type(error).__name__, text)
 
     async def close(self) -> None:
         """Wait for calls still settling, write the ledger, close stores and providers."""
@@ -605,7 +613,7 @@ class _Call:
 
         async def on_end(usage: Usage | None, status: str) -> None:
             await self._settle(hold, usage, accepted=True)
-            outcome = "failed" if status == "upstream_error" else "ok"
+            outcome = "failed" if status in ("upstream_error", "upstream_incomplete") else "ok"
             self.gateway.router.finished(deployment, outcome, time.perf_counter() - sent)
             self.log(deployment, provider, status)
 
@@ -617,6 +625,7 @@ class _Call:
             drain=self.gateway.config.stream_drain,
             on_end=on_end,
             request_id=self.request_id,
+            secrets=self.gateway.secrets,
             settle_after=self.gateway.settle_after,
         )
         self.gateway._track(result.task)

@@ -14,8 +14,9 @@ import orjson
 
 from kairos.gateway import sse
 from kairos.gateway.config import ProviderConfig
-from kairos.gateway.errors import UnsupportedRoute, UpstreamError
+from kairos.gateway.errors import UnsupportedRoute, UpstreamError, UpstreamIncomplete
 from kairos.gateway.http import HTTPClient, HTTPFailure, Response
+from kairos.gateway.scrub import Secrets
 
 PATHS = {"chat": "/chat/completions", "completion": "/completions", "embedding": "/embeddings"}
 
@@ -64,7 +65,7 @@ class Provider(Protocol):
 
 def upstream_failure(provider: ProviderConfig, status: int, text: bytes) -> UpstreamError:
     """An UpstreamError for a non-2xx answer, quoting the provider's message (key scrubbed)."""
-    message = ""
+    message, limit = "", 300
     try:
         body = orjson.loads(text)
         error = body.get("error") if isinstance(body, dict) else None
@@ -73,12 +74,12 @@ def upstream_failure(provider: ProviderConfig, status: int, text: bytes) -> Upst
         elif isinstance(error, str):
             message = error
     except orjson.JSONDecodeError:
-        message = text[:200].decode(errors="replace")
-    if provider.api_key:
-        message = message.replace(provider.api_key, "***")
+        message, limit = text.decode(errors="replace"), 200
+    # scrubbed whole, then cut: a key across the cut would leave its head behind
+    message = Secrets.of_provider(provider).scrub(message)[:limit]
     retryable = status == 429 or status >= 500 or status == 408
     return UpstreamError(
-        f"provider {provider.name!r} answered {status}: {message[:300] or 'no message'}",
+        f"provider {provider.name!r} answered {status}: {message or 'no message'}",
         status=status if 400 <= status < 500 and not retryable else 502,
         retryable=retryable,
         reached=True,
@@ -88,8 +89,9 @@ def upstream_failure(provider: ProviderConfig, status: int, text: bytes) -> Upst
 def transport_failure(
     provider: ProviderConfig, error: HTTPFailure, *, accepted: bool = False
 ) -> UpstreamError:
+    text = Secrets.of_provider(provider).scrub(str(error))
     return UpstreamError(
-        f"provider {provider.name!r} {'timed out' if error.timed_out else 'failed'}: {error}",
+        f"provider {provider.name!r} {'timed out' if error.timed_out else 'failed'}: {text}",
         status=504 if error.timed_out else 502,
         retryable=True,
         reached=error.connected,
@@ -124,7 +126,8 @@ async def json_reply(provider: ProviderConfig, response: Response) -> dict[str, 
     if response.status != 200:
         raise upstream_failure(provider, response.status, text)
     try:
-        reply = orjson.loads(text)
+        # a provider that answers an error with a 200 may quote the key it was sent
+        reply = orjson.loads(Secrets.of_provider(provider).scrub(text))
     except orjson.JSONDecodeError:
         reply = None
     if not isinstance(reply, dict):
@@ -173,6 +176,7 @@ class OpenAICompatible:
         self._headers = {"content-type": "application/json", **config.headers}
         if config.api_key:
             self._headers["authorization"] = f"Bearer {config.api_key}"
+        self._secrets = Secrets.of_provider(config)
 
     def __repr__(self) -> str:
         return f"OpenAICompatible({self.name!r}, {self.config.base_url!r})"
@@ -205,8 +209,15 @@ class OpenAICompatible:
                         continue
                     yield self._chunk(event.data)
             for event in parser.close():
-                if not done and not event.data.startswith(b"[DONE]"):
-                    yield self._chunk(event.data)
+                if done or event.data.startswith(b"[DONE]"):
+                    done = True
+                    continue
+                yield self._chunk(event.data)
+            if not done:  # a body that ends early by its framing (or with no framing at all)
+                raise UpstreamIncomplete(
+                    f"provider {self.name!r} ended the stream without `data: [DONE]`; "
+                    "the answer may be cut short"
+                )
         except HTTPFailure as error:
             raise transport_failure(self.config, error, accepted=True) from None
         finally:
@@ -232,7 +243,8 @@ class OpenAICompatible:
             ) from None
         problem = chunk.get("error") if isinstance(chunk, dict) else None
         if problem:
-            text = problem.get("message") if isinstance(problem, dict) else str(problem)
+            text = problem.get("message") if isinstance(problem, dict) else problem
+            text = self._secrets.scrub(str(text))[:300]  # a provider may quote the key it got
             raise UpstreamError(f"provider {self.name!r} failed mid-stream: {text}", accepted=True)
 
     async def close(self) -> None:

@@ -1,0 +1,238 @@
+"""The gateway's edge, for streams and errors: a provider that quotes the key it was sent
+(mid-stream, or in an error page cut at 200 bytes) never gets it to the client, a log line
+or the ledger; a stream that ends without its terminal event (`data: [DONE]`, `message_stop`),
+whether its body was well framed, close-delimited or dropped mid-chunk, reaches the client as
+an in-band error and the ledger as a failure, on every route and provider."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from kairos.gateway import Gateway, Stream
+from kairos.gateway.ledger import LedgerRow
+from kairos.gateway.scrub import Secrets
+from kairos.server.gateway_app import create_gateway_app
+from tests.gateway.conftest import PROVIDER_SECRET, config, deployment, new_key
+from tests.gateway.fake_upstream import FakeUpstream, ServerThread, close_delimited
+
+HI = [{"role": "user", "content": "hi"}]
+HEAD = PROVIDER_SECRET[:8]  # a piece this long from the key's start is already a leak
+MODES = ("broken", "page", "truncated", "cut")
+
+
+@pytest.fixture(scope="module")
+def closing_url(upstream: FakeUpstream) -> Iterator[str]:
+    """The fake provider again, its bodies close-delimited (served on a loop of its own)."""
+    with ServerThread(upstream.app()) as host:
+        server, url = host.call(close_delimited(upstream.app()))
+        yield url
+        server.close()
+
+
+def gateway_config(upstream: FakeUpstream, closing_url: str, tmp_path: Path) -> Any:
+    url = upstream.url  # type: ignore[attr-defined]
+    providers = {
+        "fake": {"kind": "openai", "base_url": f"{url}/v1", "api_key_env": "FAKE_KEY"},
+        "claude": {"kind": "anthropic", "base_url": url, "api_key_env": "FAKE_KEY"},
+        "fake10": {"kind": "openai", "base_url": f"{closing_url}/v1", "api_key_env": "FAKE_KEY"},
+        "claude10": {"kind": "anthropic", "base_url": closing_url, "api_key_env": "FAKE_KEY"},
+    }
+    models: dict[str, Any] = {}
+    for provider in providers:
+        for mode in MODES:
+            models[f"{provider}-{mode}"] = {
+                "deployments": [{**deployment(mode), "provider": provider}]
+            }
+    return config(upstream, tmp_path, models=models, providers=providers)
+
+
+@pytest.fixture
+def edge(upstream: FakeUpstream, closing_url: str, tmp_path: Path) -> Iterator[ServerThread]:
+    gateway = Gateway(gateway_config(upstream, closing_url, tmp_path))
+    with ServerThread(create_gateway_app(gateway), kairos=True) as server:
+        server.gateway = gateway  # type: ignore[attr-defined]
+        yield server
+        server.call(gateway.close())
+
+
+def rows_when(server: ServerThread, count: int, timeout: float = 5.0) -> list[LedgerRow]:
+    gateway: Gateway = server.gateway  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = server.call(gateway.usage())
+        if len(rows) >= count or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
+
+
+def call(server: ServerThread, route: str, model: str, *, stream: bool = True) -> bytes:
+    """The raw bytes of the answer to one call on `route` (chat, completions or messages)."""
+    body: dict[str, Any] = {"model": model, "max_tokens": 5, "stream": stream}
+    body.update({"prompt": "hi"} if route == "completions" else {"messages": HI})
+    path = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}.get(
+        route, "/v1/messages"
+    )
+    headers = {"authorization": f"Bearer {new_key(server)}"}
+    with httpx.stream("POST", server.url + path, json=body, headers=headers) as response:
+        return response.read()
+
+
+def events(raw: bytes) -> list[tuple[str | None, Any]]:
+    """(event name, data) of each frame of an SSE body; `[DONE]` as the string."""
+    found = []
+    for frame in raw.decode().split("\n\n"):
+        name, data = None, None
+        for line in frame.splitlines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                data = line[6:] if line[6:] == "[DONE]" else orjson.loads(line[6:])
+        if data is not None:
+            found.append((name, data))
+    return found
+
+
+def assert_no_key(*texts: str | bytes) -> None:
+    for text in texts:
+        seen = text.decode(errors="replace") if isinstance(text, bytes) else text
+        assert PROVIDER_SECRET not in seen and HEAD not in seen
+
+
+# --- credentials never leave ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("route", "model"),
+    [
+        ("chat", "fake-broken"),  # OpenAI's in-band `{"error": ...}` event
+        ("chat", "claude-broken"),  # Anthropic's `event: error`, translated
+        ("messages", "fake-broken"),
+        ("messages", "claude-broken"),
+    ],
+)
+def test_a_key_quoted_mid_stream_never_leaves(
+    edge: ServerThread, caplog: pytest.LogCaptureFixture, route: str, model: str
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    raw = call(edge, route, model)
+    found = events(raw)
+    name, last = found[-1]
+    message = last["error"]["message"]
+    assert "scripted overload" in message and "***" in message  # the quote is kept, masked
+    assert (name == "error") is (route == "messages")
+    assert len(found) > 2  # chunks came first: the failure is mid-stream
+    [row] = rows_when(edge, 1)
+    assert row.status == "upstream_error"
+    assert_no_key(raw, caplog.text, repr(row))
+
+
+@pytest.mark.parametrize("route", ["chat", "messages"])
+@pytest.mark.parametrize("provider", ["fake", "claude"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_key_across_the_cut_of_an_error_page_never_leaves(
+    edge: ServerThread,
+    caplog: pytest.LogCaptureFixture,
+    route: str,
+    provider: str,
+    stream: bool,
+) -> None:
+    """The page has 190 bytes, then the key: cut at 200 before scrubbing, its head leaked."""
+    caplog.set_level(logging.DEBUG)
+    raw = call(edge, route, f"{provider}-page", stream=stream)
+    error = orjson.loads(raw)["error"]
+    assert error["message"].startswith(f"provider {provider!r} answered 500: <html><body>xxx")
+    assert "x***</body>" in error["message"]  # masked, then cut
+    [row] = rows_when(edge, 1)
+    assert row.status == "upstream_error"
+    assert_no_key(raw, caplog.text, repr(row))
+
+
+def test_every_configured_secret_is_masked_with_its_head() -> None:
+    secrets = Secrets(["sk-proj-AAAAAAAAAAAA", "sk-proj-BBBBBBBBBBBB", "admin-key-1", "x"])
+    text = "a sk-proj-BBBBBB| b sk-proj-AAAAAAAAAAAAzz c admin-key-1 d sk-proj e x"
+    assert secrets.scrub(text) == "a ***| b ***zz c *** d sk-proj e x"
+    assert secrets.scrub(text.encode()) == secrets.scrub(text).encode()
+    assert Secrets([]).scrub(text) == text
+
+
+# --- truthful streams -----------------------------------------------------------------------
+
+ROUTES = [
+    ("chat", "fake"),
+    ("completions", "fake"),
+    ("chat", "claude"),
+    ("messages", "fake"),
+    ("messages", "claude"),
+]
+
+
+@pytest.mark.parametrize(("route", "provider"), ROUTES)
+@pytest.mark.parametrize(
+    ("mode", "status"),
+    [
+        ("truncated", "upstream_incomplete"),  # well framed, no terminal event
+        ("closed", "upstream_incomplete"),  # close-delimited, no terminal event
+        ("cut", "upstream_error"),  # the connection dropped mid-chunk
+    ],
+)
+def test_a_stream_cut_short_ends_with_an_error_and_is_no_success(
+    edge: ServerThread, route: str, provider: str, mode: str, status: str
+) -> None:
+    model = f"{provider}10-truncated" if mode == "closed" else f"{provider}-{mode}"
+    found = events(call(edge, route, model))
+    name, last = found[-1]
+    assert last != "[DONE]" and "error" in last, found
+    assert "[DONE]" not in [data for _, data in found]
+    if route == "messages":
+        assert name == "error" and last["type"] == "error"
+        assert "message_stop" not in [n for n, _ in found]
+    else:
+        assert name is None and last["error"]["code"] == status
+    text = "".join(
+        str(c.get("text") or (c.get("delta") or {}).get("content") or "")
+        for _, data in found
+        if isinstance(data, dict)
+        for c in [*data.get("choices", []), data.get("delta") or {}]
+    )
+    assert text == "tok tok "  # what came before the cut was passed on
+    [row] = rows_when(edge, 1)
+    assert row.status == status
+    assert row.cost_micros > 10 + 2  # no usage came: the hold is charged in full
+
+
+@pytest.mark.parametrize("provider", ["fake", "claude", "fake10", "claude10"])
+def test_in_process_readers_see_a_stream_cut_short(
+    upstream: FakeUpstream, closing_url: str, tmp_path: Path, provider: str
+) -> None:
+    async def scenario() -> tuple[list[dict[str, Any]], list[LedgerRow]]:
+        gateway = Gateway(gateway_config(upstream, closing_url, tmp_path))
+        try:
+            plain, _ = await gateway.create_key(name="graph")
+            body = {"model": f"{provider}-truncated", "messages": HI, "max_tokens": 5,
+                    "stream": True}  # fmt: skip
+            stream = await gateway.chat(plain, body)
+            assert isinstance(stream, Stream)
+            chunks = [chunk async for chunk in stream]
+            return chunks, await gateway.usage()
+        finally:
+            await gateway.close()
+
+    chunks, rows = asyncio.run(scenario())
+    *before, last = chunks
+    assert [c["choices"][0]["delta"].get("content") for c in before if c["choices"]][-2:] == [
+        "tok ",
+        "tok ",
+    ]
+    assert last["error"]["code"] == "upstream_incomplete"
+    assert "[DONE]" in last["error"]["message"] or "message_stop" in last["error"]["message"]
+    [row] = rows
+    assert row.status == "upstream_incomplete"
