@@ -17,11 +17,18 @@ import httpx
 import orjson
 import pytest
 
-from kairos.gateway import Gateway, Stream
+from kairos.gateway import Gateway, GatewayConfig, Stream
 from kairos.gateway.ledger import LedgerRow
 from kairos.gateway.scrub import Secrets
 from kairos.server.gateway_app import create_gateway_app
-from tests.gateway.conftest import PROVIDER_SECRET, config, deployment, new_key
+from tests.gateway.conftest import (
+    ADMIN_KEY,
+    ENVIRON,
+    PROVIDER_SECRET,
+    config,
+    deployment,
+    new_key,
+)
 from tests.gateway.fake_upstream import FakeUpstream, ServerThread, close_delimited
 
 HI = [{"role": "user", "content": "hi"}]
@@ -156,10 +163,32 @@ def test_a_key_across_the_cut_of_an_error_page_never_leaves(
     assert_no_key(raw, caplog.text, repr(row))
 
 
-def test_every_configured_secret_is_masked_with_its_head() -> None:
-    secrets = Secrets(["sk-proj-AAAAAAAAAAAA", "sk-proj-BBBBBBBBBBBB", "admin-key-1", "x"])
-    text = "a sk-proj-BBBBBB| b sk-proj-AAAAAAAAAAAAzz c admin-key-1 d sk-proj e x"
-    assert secrets.scrub(text) == "a ***| b ***zz c *** d sk-proj e x"
+def test_every_configured_credential_is_masked_with_its_head(tmp_path: Path) -> None:
+    headers = {
+        "api-key": "azure-secret-123456",  # a credential header: masked from its head on
+        "Authorization": "Bearer tok-abcdefghijkl",  # its token, quoted alone, too
+        "OpenAI-Beta": "assistants=v2",  # no credential: "assistant" is in every answer
+    }
+    raw = {
+        "admin_key_env": "GW_ADMIN", "pepper_env": "GW_PEPPER",
+        "providers": {
+            "a": {"base_url": "http://a/v1", "api_key_env": "FAKE_KEY", "headers": headers},
+            "b": {"base_url": "http://b/v1", "api_key_env": "OTHER_KEY"},
+            "local": {"base_url": "http://c/v1", "api_key_env": "DUMMY_KEY"},
+        },
+        "models": {"chat": {"deployments": [{"provider": "a", "model": "m"}]}},
+    }  # fmt: skip
+    environ = {**ENVIRON, "OTHER_KEY": PROVIDER_SECRET[:12] + "-other", "DUMMY_KEY": "x"}
+    secrets = Secrets.of(GatewayConfig.from_mapping(raw, base_dir=tmp_path, environ=environ))
+    text = (
+        f"1 {PROVIDER_SECRET[:10]}| 2 {PROVIDER_SECRET}zz 3 {PROVIDER_SECRET[:12]}-other"
+        f" 4 {PROVIDER_SECRET[:7]} 5 azure-secre 6 tok-abcdefg 7 assistants=v2 8 x"
+        f" 9 {ADMIN_KEY} 10 {ADMIN_KEY[:9]} 11 pepper-1"
+    )
+    assert secrets.scrub(text) == (
+        f"1 ***| 2 ***zz 3 *** 4 {PROVIDER_SECRET[:7]} 5 *** 6 *** 7 assistants=v2 8 x"
+        f" 9 *** 10 {ADMIN_KEY[:9]} 11 ***"
+    )  # the admin key and the pepper are masked whole only: people choose them
     assert secrets.scrub(text.encode()) == secrets.scrub(text).encode()
     assert Secrets([]).scrub(text) == text
 
