@@ -265,3 +265,14 @@ def test_in_process_readers_see_a_stream_cut_short(
     assert "[DONE]" in last["error"]["message"] or "message_stop" in last["error"]["message"]
     [row] = rows
     assert row.status == "upstream_incomplete"
+
+
+def test_a_key_sent_as_a_model_name_is_kept_out_of_the_ledger(
+    edge: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    raw = call(edge, "chat", PROVIDER_SECRET, stream=False)
+    assert orjson.loads(raw)["error"]["code"] == "model_not_found"
+    [row] = rows_when(edge, 1)
+    assert row.model_requested == "***"
+    assert_no_key(raw, caplog.text, repr(row))

@@ -650,7 +650,7 @@ class _Call:
             request_id=self.request_id,
             key_id=self.key.id,
             route=self.route,
-            model_requested=self.model,
+            model_requested=self.gateway.secrets.scrub(self.model),  # the client's own text
             model_dispatched=deployment.group if deployment else None,
             provider=deployment.provider if deployment else None,
             deployment=deployment.model if deployment else None,
