@@ -1,6 +1,37 @@
 """Anthropic's Messages API, both ways: a provider that serves OpenAI-shaped chat calls from
 an Anthropic upstream, and the translation that lets `/v1/messages` callers (the official
-`anthropic` SDK) use any deployment. Streams are translated event by event."""
+`anthropic` SDK) use any deployment. Streams are translated event by event.
+
+Nothing is dropped silently: a field either side cannot carry is a 400 naming it. OpenAI chat
+fields, for an Anthropic deployment:
+
+- translated: messages (system and developer turns are `system`; tool_calls are tool_use
+  blocks; consecutive tool messages are one user turn of tool_result blocks; image_url parts
+  are image blocks, base64 from data: URLs, `url` sources from http(s); a file part holding a
+  base64 PDF is a document block), max_tokens / max_completion_tokens, temperature, top_p,
+  stop, stream, tools (function tools; `strict` is not enforced by Anthropic), tool_choice
+  (auto, none, required -> any, a named function -> tool), parallel_tool_calls: false
+  (disable_parallel_tool_use), user or safety_identifier (metadata.user_id).
+- response_format: json_schema becomes one forced tool whose input_schema is the schema, and
+  json_object one taking any object (so the answer is always an object, which a system line
+  asking for JSON would not promise); the tool's input is returned as the message's text, and
+  the answer's finish_reason is stop. Neither combines with tools (a 400).
+- dropped, as they do not change the answer: stream_options (the gateway asks for usage),
+  metadata (tags of OpenAI's stored completions), prediction (a latency hint),
+  prompt_cache_key, service_tier; and n, logprobs, frequency/presence_penalty, store,
+  logit_bias, modalities at their defaults (1, false, 0, false, {}, ["text"]).
+- a 400: anything else, e.g. seed (Anthropic has no sampling seed), logprobs or top_logprobs,
+  n > 1, logit_bias, penalties, audio or other modalities, reasoning_effort, verbosity,
+  functions / function_call (use tools), web_search_options, a message's `name`, and
+  content parts other than text, image_url and file.
+
+The other way, `/v1/messages` takes system, messages (text, image, base64 PDF document,
+tool_use and tool_result blocks; a tool_result's is_error is said in its text, as OpenAI's
+tool messages have no flag), tools (client tools; Anthropic's server tools are a 400),
+tool_choice, metadata.user_id (-> user), stop_sequences, temperature, top_p, stream; top_k,
+thinking and the rest are a 400. `cache_control` marks are dropped: caching changes the price,
+never the answer.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +52,7 @@ from kairos.gateway.errors import (
 from kairos.gateway.http import HTTPClient
 from kairos.gateway.providers import event_stream, json_reply, post
 from kairos.gateway.scrub import Secrets
+from kairos.llm.tokens import tokenizer_for
 
 API_VERSION = "2023-06-01"
 _STOP = {
@@ -29,7 +61,10 @@ _STOP = {
     "max_tokens": "length",
     "tool_use": "tool_calls",
 }
-_FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_FINISH = {
+    "stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
+    "content_filter": "refusal",
+}  # fmt: skip
 
 
 def _text(content: Any, where: str) -> str:
@@ -52,28 +87,306 @@ def _text(content: Any, where: str) -> str:
 
 # --- OpenAI chat request -> Anthropic upstream ----------------------------------------------
 
+# OpenAI chat fields carried to Anthropic by `to_anthropic` (each decided in the docstring)
+_CARRIED = frozenset({
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop",
+    "stream", "tools", "tool_choice", "parallel_tool_calls", "response_format", "user",
+    "safety_identifier",
+})  # fmt: skip
+# fields that do not change the answer, so an Anthropic call goes without them
+_HARMLESS = frozenset({
+    "stream_options",  # the gateway asks for usage itself; Anthropic streams always carry it
+    "metadata",  # tags for OpenAI's stored completions; nothing is stored at Anthropic
+    "prediction",  # a latency hint (the expected output); the answer does not depend on it
+    "prompt_cache_key",  # OpenAI's cache-routing hint
+    "service_tier",  # OpenAI's processing tier; the gateway bills by its own prices
+})  # fmt: skip
+# fields that are harmless at their default value (and a 400 otherwise)
+_DEFAULTS: dict[str, Any] = {
+    "n": 1, "logprobs": False, "frequency_penalty": 0, "presence_penalty": 0, "store": False,
+    "logit_bias": {}, "modalities": ["text"],
+}  # fmt: skip
+_MESSAGE_FIELDS = {
+    "system": {"role", "content"},
+    "developer": {"role", "content"},
+    "user": {"role", "content"},
+    "assistant": {"role", "content", "tool_calls", "refusal"},
+    "tool": {"role", "content", "tool_call_id"},
+}
+_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+JSON_ANSWER = "json_answer"  # the forced tool a json_object response_format becomes
 
-def to_anthropic(body: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI chat request as an Anthropic Messages request."""
+
+def _untranslatable(name: str, why: str = "") -> InvalidRequest:
+    return InvalidRequest(
+        f"{name} cannot be sent to an Anthropic deployment{why}; drop it, or call a model "
+        "served by an OpenAI-compatible deployment",
+        param=name,
+    )
+
+
+def _data_url(url: str, where: str) -> tuple[str, str]:
+    """(media type, base64 data) of a `data:<type>;base64,<data>` URL."""
+    head, comma, data = url.partition(",")
+    media, _, encoding = head.removeprefix("data:").partition(";")
+    if not comma or encoding != "base64" or not media:
+        raise InvalidRequest(
+            f'{where} must be a base64 data URL ("data:image/png;base64,...") or an https URL',
+            param=where,
+        )
+    return media, data
+
+
+def _image_block(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An OpenAI image_url part as an Anthropic image block (`detail` has no equivalent: it
+    picks OpenAI's resolution, and Claude sizes images itself)."""
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, dict) else image
+    where = f"{where}.image_url.url"
+    if not isinstance(url, str):
+        raise InvalidRequest(f"{where} is required: a data: or https URL", param=where)
+    if url.startswith(("https://", "http://")):
+        return {"type": "image", "source": {"type": "url", "url": url}}
+    if not url.startswith("data:"):
+        raise InvalidRequest(f"{where} must be a data: or https URL", param=where)
+    media, data = _data_url(url, where)
+    if media not in _IMAGE_TYPES:
+        raise InvalidRequest(
+            f"{where}: Anthropic takes images of type {', '.join(_IMAGE_TYPES)}, not {media!r}",
+            param=where,
+        )
+    return {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}}
+
+
+def _file_block(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An OpenAI file part carrying a PDF as an Anthropic document block."""
+    file = part.get("file")
+    data_url = file.get("file_data") if isinstance(file, dict) else None
+    if not isinstance(data_url, str):
+        raise _untranslatable(f"{where}.file", " unless it has file_data (file ids are OpenAI's)")
+    media, data = _data_url(data_url, f"{where}.file.file_data")
+    if media != "application/pdf":
+        raise _untranslatable(f"{where}.file", f" as {media!r} (Anthropic reads PDFs)")
+    return {"type": "document", "source": {"type": "base64", "media_type": media, "data": data}}
+
+
+def _user_blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where} must be a string or a list of parts", param=where)
+    blocks = []
+    for index, part in enumerate(content):
+        at = f"{where}[{index}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            if part.get("text"):  # Anthropic refuses empty text blocks
+                blocks.append({"type": "text", "text": str(part["text"])})
+        elif kind == "image_url":
+            blocks.append(_image_block(part, at))
+        elif kind == "file":
+            blocks.append(_file_block(part, at))
+        else:
+            raise _untranslatable(f"{at}.type", f" as {kind!r} (it takes text, image_url, file)")
+    return blocks
+
+
+def _assistant_blocks(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    content = message.get("content")
+    blocks: list[dict[str, Any]] = []
+    if isinstance(content, list):  # text and refusal parts
+        for index, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in ("text", "refusal"):
+                raise _untranslatable(f"{where}.content[{index}].type", f" as {kind!r}")
+            if part.get(kind):
+                blocks.append({"type": "text", "text": str(part[kind])})
+    elif content:
+        blocks.append({"type": "text", "text": _text(content, f"{where}.content")})
+    if message.get("refusal"):
+        blocks.append({"type": "text", "text": str(message["refusal"])})
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise InvalidRequest(f"{where}.tool_calls must be a list", param=f"{where}.tool_calls")
+    for index, call in enumerate(calls):
+        at = f"{where}.tool_calls[{index}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise _untranslatable(f"{at}.type", " unless it is a function call")
+        arguments = function.get("arguments") or "{}"
+        try:
+            given = orjson.loads(arguments) if isinstance(arguments, str) else None
+        except orjson.JSONDecodeError:
+            given = None
+        if not isinstance(given, dict) or not isinstance(function.get("name"), str):
+            raise InvalidRequest(
+                f"{at}.function needs a name and arguments that are a JSON object, as a string",
+                param=f"{at}.function",
+            )
+        blocks.append({"type": "tool_use", "id": str(call.get("id", "")),
+                       "name": function["name"], "input": given})  # fmt: skip
+    return blocks
+
+
+def _tool_result(message: dict[str, Any], where: str) -> dict[str, Any]:
+    ident = message.get("tool_call_id")
+    if not isinstance(ident, str) or not ident:
+        raise InvalidRequest(
+            f"{where}.tool_call_id is required: the id of the tool call it answers",
+            param=f"{where}.tool_call_id",
+        )
+    text = _text(message.get("content") or "", f"{where}.content")
+    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": ident}
+    if text:
+        result["content"] = text
+    return result
+
+
+def _anthropic_messages(raw: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """(system texts, Anthropic messages) of OpenAI chat messages."""
     system: list[str] = []
     messages: list[dict[str, Any]] = []
-    for index, message in enumerate(body.get("messages", [])):
+    for index, message in enumerate(raw or []):
+        where = f"messages[{index}]"
         role = message.get("role")
-        text = _text(message.get("content", ""), f"messages[{index}].content")
-        if role in ("system", "developer"):
-            system.append(text)
-        elif role in ("user", "assistant"):
-            messages.append({"role": role, "content": text})
-        else:
+        if role not in _MESSAGE_FIELDS:
             raise InvalidRequest(
-                f"messages[{index}].role {role!r} cannot be sent to an Anthropic deployment; "
-                "use system, user or assistant",
-                param=f"messages[{index}].role",
+                f"{where}.role {role!r} cannot be sent to an Anthropic deployment; "
+                "use system, developer, user, assistant or tool",
+                param=f"{where}.role",
             )
+        extra = sorted(k for k, v in message.items() if v is not None)
+        extra = [k for k in extra if k not in _MESSAGE_FIELDS[role]]
+        if extra:
+            raise _untranslatable(f"{where}.{extra[0]}", f" (on a {role} message)")
+        if role in ("system", "developer"):
+            system.append(_text(message.get("content", ""), f"{where}.content"))
+            continue
+        if role == "user":
+            blocks = _user_blocks(message.get("content"), f"{where}.content")
+        elif role == "assistant":
+            blocks = _assistant_blocks(message, where)
+        else:
+            blocks, role = [_tool_result(message, where)], "user"
+        # consecutive turns of a role are one Anthropic message: tool results, then any text
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"].extend(blocks)
+        else:
+            messages.append({"role": role, "content": blocks})
+    return system, messages
+
+
+def _anthropic_tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise InvalidRequest('tools is a list of {"type": "function", ...}', param="tools")
+    out = []
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type") != "function":
+            raise _untranslatable(f"tools[{index}]", " unless it is a function tool")
+        if not isinstance(function.get("name"), str):
+            raise InvalidRequest(f"tools[{index}].function.name is required",
+                                 param=f"tools[{index}].function.name")  # fmt: skip
+        # `strict` has no Anthropic equivalent: Claude follows input_schema, unenforced
+        translated = {
+            "name": function["name"],
+            "input_schema": function.get("parameters") or {"type": "object", "properties": {}},
+        }
+        if function.get("description"):
+            translated["description"] = function["description"]
+        out.append(translated)
+    return out
+
+
+def _anthropic_tool_choice(choice: Any, parallel: Any) -> dict[str, Any] | None:
+    if parallel is not None and not isinstance(parallel, bool):
+        raise InvalidRequest("parallel_tool_calls must be true or false",
+                             param="parallel_tool_calls")  # fmt: skip
+    named = choice.get("function") if isinstance(choice, dict) else None
+    translated: dict[str, Any] | None
+    if choice is None:
+        translated = {"type": "auto"} if parallel is False else None
+    elif isinstance(choice, str) and choice in ("auto", "none", "required"):
+        translated = {"type": {"required": "any"}.get(choice, choice)}
+    elif isinstance(named, dict) and choice.get("type") == "function" and named.get("name"):
+        translated = {"type": "tool", "name": str(named["name"])}
+    else:
+        raise InvalidRequest(
+            'tool_choice is "auto", "none", "required" or '
+            '{"type": "function", "function": {"name": "..."}} for an Anthropic deployment',
+            param="tool_choice",
+        )
+    if translated is not None and parallel is False and translated["type"] != "none":
+        translated["disable_parallel_tool_use"] = True
+    return translated
+
+
+def answer_tool(body: dict[str, Any]) -> str | None:
+    """The name of the forced tool that carries a JSON `response_format`'s answer, if any."""
+    response_format = body.get("response_format")
+    if not isinstance(response_format, dict):
+        return None
+    if response_format.get("type") == "json_object":
+        return JSON_ANSWER
+    schema = response_format.get("json_schema")
+    if response_format.get("type") == "json_schema" and isinstance(schema, dict):
+        return str(schema.get("name") or "")
+    return None
+
+
+def _answer_tools(response_format: Any) -> list[dict[str, Any]]:
+    """The single tool a JSON response_format becomes (none for text)."""
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if response_format is None or kind == "text":
+        return []
+    if kind == "json_object":
+        return [{"name": JSON_ANSWER, "description": "Give the answer as a JSON object.",
+                 "input_schema": {"type": "object"}}]  # fmt: skip
+    spec = response_format.get("json_schema") if kind == "json_schema" else None
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise InvalidRequest(
+            'response_format is {"type": "text"}, {"type": "json_object"} or {"type": '
+            '"json_schema", "json_schema": {"name": "...", "schema": {...}}}',
+            param="response_format",
+        )
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        raise _untranslatable(
+            "response_format.json_schema.schema", " unless its root is an object schema"
+        )
+    description = spec.get("description") or "Give the answer in this schema."
+    return [{"name": spec["name"], "description": description, "input_schema": schema}]
+
+
+def _check_fields(body: dict[str, Any]) -> None:
+    """A 400 naming the first field an Anthropic call cannot honour."""
+    for name in sorted(body):
+        value = body[name]
+        if value is None or name in _CARRIED or name in _HARMLESS:
+            continue
+        if name in _DEFAULTS and value == _DEFAULTS[name]:
+            continue
+        if name in _DEFAULTS:
+            raise _untranslatable(name, f" as {value!r} (only {_DEFAULTS[name]!r})")
+        raise _untranslatable(name)
+
+
+def to_anthropic(body: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI chat request as an Anthropic Messages request; a field that cannot be
+    carried is an InvalidRequest naming it, never dropped.
+
+    >>> to_anthropic({"model": "claude", "max_tokens": 5, "tool_choice": "required",
+    ...     "tools": [{"type": "function", "function": {"name": "f"}}],
+    ...     "messages": [{"role": "user", "content": "hi"}]})["tool_choice"]
+    {'type': 'any'}
+    """
+    _check_fields(body)
+    system, messages = _anthropic_messages(body.get("messages"))
     request: dict[str, Any] = {
         "model": body["model"],
         "messages": messages,
-        "max_tokens": body.get("max_completion_tokens") or body["max_tokens"],
+        # Anthropic requires it; the gateway sets it to what the hold covers
+        "max_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or 4096,
     }
     if system:
         request["system"] = "\n\n".join(system)
@@ -83,16 +396,50 @@ def to_anthropic(body: dict[str, Any]) -> dict[str, Any]:
     stop = body.get("stop")
     if stop:
         request["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
+    user = body.get("user") or body.get("safety_identifier")
+    if user:
+        request["metadata"] = {"user_id": str(user)}
+    if body.get("tools"):
+        request["tools"] = _anthropic_tools(body["tools"])
+    choice = _anthropic_tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))
+    if choice is not None:
+        request["tool_choice"] = choice
+    answer = _answer_tools(body.get("response_format"))
+    if answer:
+        if body.get("tools"):
+            raise _untranslatable(
+                "response_format", " together with tools (a JSON answer is a forced tool there)"
+            )
+        request["tools"] = answer
+        request["tool_choice"] = {"type": "tool", "name": answer[0]["name"]}
     return request
 
 
-def from_anthropic(reply: dict[str, Any]) -> dict[str, Any]:
-    """An Anthropic message as an OpenAI chat completion."""
-    text = "".join(
-        part.get("text", "") for part in reply.get("content", []) if part.get("type") == "text"
-    )
+def from_anthropic(reply: dict[str, Any], answer: str | None = None) -> dict[str, Any]:
+    """An Anthropic message as an OpenAI chat completion: tool_use blocks are tool calls,
+    except the `answer` tool's, whose input is the answer's text (a JSON response_format)."""
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for part in reply.get("content", []):
+        kind = part.get("type")
+        if kind == "text":
+            texts.append(part.get("text", ""))
+        elif kind == "tool_use" and part.get("name") == answer:
+            texts.append(orjson.dumps(part.get("input") or {}).decode())
+        elif kind == "tool_use":
+            function = {"name": part.get("name", ""),
+                        "arguments": orjson.dumps(part.get("input") or {}).decode()}  # fmt: skip
+            calls.append({"id": part.get("id", ""), "type": "function", "function": function})
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(texts) if texts or not calls else None,
+    }
+    if calls:
+        message["tool_calls"] = calls
+    finish = _STOP.get(reply.get("stop_reason") or "", "stop")
+    if finish == "tool_calls" and not calls:  # the answer tool: the answer is done
+        finish = "stop"
     usage = reply.get("usage") or {}
-    tokens_in, tokens_out = int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))
     return {
         "id": reply.get("id", ""),
         "object": "chat.completion",
@@ -101,23 +448,23 @@ def from_anthropic(reply: dict[str, Any]) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": _STOP.get(reply.get("stop_reason") or "", "stop"),
+                "message": message,
+                "finish_reason": finish,
             }
         ],
-        "usage": {
-            "prompt_tokens": tokens_in,
-            "completion_tokens": tokens_out,
-            "total_tokens": tokens_in + tokens_out,
-        },
+        "usage": usage_as_openai(usage),
     }
 
 
 async def chunks_from_anthropic(
-    events: AsyncIterator[sse.Event], provider: str
+    events: AsyncIterator[sse.Event], provider: str, answer: str | None = None
 ) -> AsyncIterator[dict[str, Any]]:
-    """Anthropic stream events as OpenAI chunks; the last carries usage."""
-    ident, model, tokens_in, tokens_out = "", "", 0, 0
+    """Anthropic stream events as OpenAI chunks; the last carries usage. A tool_use block is a
+    tool call (its input_json_delta pieces the arguments), the `answer` tool's is text."""
+    ident, model = "", ""
+    reported: dict[str, Any] = {}  # the usage so far (message_start's, message_delta's)
+    calls: dict[int, int] = {}  # a tool_use block's index -> its tool call's index
+    answers: set[int] = set()  # indexes of the answer tool's blocks
     created = int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -137,24 +484,39 @@ async def chunks_from_anthropic(
         if kind == "message_start":
             message = data.get("message", {})
             ident, model = message.get("id", ""), message.get("model", "")
-            tokens_in = int((message.get("usage") or {}).get("input_tokens", 0))
+            reported.update(message.get("usage") or {})
             yield chunk({"role": "assistant", "content": ""})
+        elif kind == "content_block_start":
+            block, index = data.get("content_block") or {}, data.get("index", 0)
+            if block.get("type") == "tool_use" and block.get("name") == answer:
+                answers.add(index)
+            elif block.get("type") == "tool_use":
+                calls[index] = len(calls)
+                yield chunk({"tool_calls": [{
+                    "index": calls[index], "id": block.get("id", ""), "type": "function",
+                    "function": {"name": block.get("name", ""), "arguments": ""},
+                }]})  # fmt: skip
         elif kind == "content_block_delta":
-            delta = data.get("delta", {})
+            delta, index = data.get("delta", {}), data.get("index", 0)
             if delta.get("type") == "text_delta":
                 yield chunk({"content": delta.get("text", "")})
+            elif delta.get("type") == "input_json_delta" and index in answers:
+                yield chunk({"content": delta.get("partial_json", "")})
+            elif delta.get("type") == "input_json_delta" and index in calls:
+                arguments = {"arguments": delta.get("partial_json", "")}
+                yield chunk({"tool_calls": [{"index": calls[index], "function": arguments}]})
         elif kind == "message_delta":
-            usage = data.get("usage") or {}
-            tokens_out = int(usage.get("output_tokens", tokens_out))
-            tokens_in = int(usage.get("input_tokens") or tokens_in)
+            # counts so far; a zero input count is one not given (only output counts here)
+            given = (data.get("usage") or {}).items()
+            reported.update((k, v) for k, v in given if v or k == "output_tokens")
             stop = (data.get("delta") or {}).get("stop_reason")
-            yield chunk({}, _STOP.get(stop or "", "stop"))
+            finish = _STOP.get(stop or "", "stop")
+            # the answer tool's use ends the answer; it is no tool call
+            yield chunk({}, "stop" if finish == "tool_calls" and not calls else finish)
         elif kind == "message_stop":
             yield {
                 "id": ident, "object": "chat.completion.chunk", "created": created,
-                "model": model, "choices": [],
-                "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out,
-                          "total_tokens": tokens_in + tokens_out},
+                "model": model, "choices": [], "usage": usage_as_openai(reported),
             }  # fmt: skip
             return
         elif kind == "error":
@@ -190,6 +552,11 @@ class AnthropicProvider:
             raise UnsupportedRoute(f"provider {self.name!r} (anthropic) serves chat calls only")
         return self.config.base_url + "/v1/messages"
 
+    def check(self, kind: str, body: dict[str, Any]) -> None:
+        """Raise InvalidRequest (naming the field) if `body` cannot be sent to Anthropic."""
+        if kind == "chat":
+            to_anthropic(body)
+
     async def send(self, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         url = self._url(kind)
         response = await post(
@@ -197,7 +564,7 @@ class AnthropicProvider:
         )
         reply = await json_reply(self.config, response)
         try:
-            return from_anthropic(reply)
+            return from_anthropic(reply, answer_tool(body))
         except (AttributeError, TypeError, ValueError):
             raise UpstreamError(f"provider {self.name!r} sent a malformed message") from None
 
@@ -205,7 +572,9 @@ class AnthropicProvider:
         url = self._url(kind)
         payload = {**to_anthropic(body), "stream": True}
         response = await post(self._client, self.config, url, self._headers, payload, timeout)
-        chunks = chunks_from_anthropic(event_stream(self.config, response), self.name)
+        chunks = chunks_from_anthropic(
+            event_stream(self.config, response), self.name, answer_tool(body)
+        )
         try:
             async for chunk in chunks:
                 yield orjson.dumps(chunk)
@@ -216,6 +585,17 @@ class AnthropicProvider:
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
 
+    async def count_tokens(self, body: dict[str, Any], timeout: float) -> int:
+        """Input tokens of a Messages request (`body["model"]` is the upstream model), as the
+        provider's own count_tokens answers."""
+        url = self.config.base_url + "/v1/messages/count_tokens"
+        response = await post(self._client, self.config, url, self._headers, body, timeout)
+        reply = await json_reply(self.config, response)
+        tokens = reply.get("input_tokens")
+        if not isinstance(tokens, int) or isinstance(tokens, bool):
+            raise UpstreamError(f"provider {self.name!r} sent a count without input_tokens")
+        return tokens
+
     async def close(self) -> None:
         await self._client.close()
 
@@ -223,17 +603,152 @@ class AnthropicProvider:
 # --- Anthropic request from a /v1/messages caller -> OpenAI chat, and back ------------------
 
 
+_MESSAGES_FIELDS = frozenset({
+    "model", "messages", "max_tokens", "system", "temperature", "top_p", "stop_sequences",
+    "stream", "metadata", "tools", "tool_choice",
+})  # fmt: skip
+
+
+def _openai_image(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """An Anthropic image block as an OpenAI image_url part."""
+    source = block.get("source")
+    source = source if isinstance(source, dict) else {}
+    if source.get("type") == "base64" and source.get("media_type") and source.get("data"):
+        url = f"data:{source['media_type']};base64,{source['data']}"
+    elif source.get("type") == "url" and isinstance(source.get("url"), str):
+        url = source["url"]
+    else:
+        raise InvalidRequest(
+            f'{where}.source is {{"type": "base64", "media_type": ..., "data": ...}} or '
+            '{"type": "url", "url": ...} (file ids are Anthropic\'s own)',
+            param=f"{where}.source",
+        )
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _openai_file(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """An Anthropic document block holding a base64 PDF as an OpenAI file part."""
+    source = block.get("source")
+    source = source if isinstance(source, dict) else {}
+    if source.get("type") != "base64" or source.get("media_type") != "application/pdf":
+        raise InvalidRequest(
+            f"{where}.source: only base64 PDF documents can be sent to this model's deployment",
+            param=f"{where}.source",
+        )
+    data_url = f"data:application/pdf;base64,{source.get('data', '')}"
+    name = str(block.get("title") or "document.pdf")
+    return {"type": "file", "file": {"file_data": data_url, "filename": name}}
+
+
+def _tool_message(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """A tool_result block as an OpenAI tool message (text only: OpenAI's tool messages are)."""
+    if not isinstance(block.get("tool_use_id"), str):
+        raise InvalidRequest(f"{where}.tool_use_id is required", param=f"{where}.tool_use_id")
+    content = block.get("content")
+    text = _text(content, f"{where}.content") if content is not None else ""
+    if block.get("is_error"):  # OpenAI has no error flag: the model reads it in the text
+        text = f"Error: {text}"
+    return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": text}
+
+
+def _chat_messages(message: Any, index: int) -> list[dict[str, Any]]:
+    """One Anthropic message as OpenAI chat messages: a user turn's tool results become tool
+    messages (first, as OpenAI wants them right after the call), its other blocks a user one."""
+    where = f"messages[{index}]"
+    role = message.get("role") if isinstance(message, dict) else None
+    if role not in ("user", "assistant"):
+        raise InvalidRequest(f"{where} needs role user or assistant and content", param=where)
+    content = message.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where}.content must be a string or a list of blocks",
+                             param=f"{where}.content")  # fmt: skip
+    tools: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    for number, block in enumerate(content):
+        at = f"{where}.content[{number}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        # cache_control on a block is a caching hint: the answer does not depend on it
+        if kind == "text":
+            parts.append({"type": "text", "text": str(block.get("text", ""))})
+        elif kind == "image" and role == "user":
+            parts.append(_openai_image(block, at))
+        elif kind == "document" and role == "user":
+            parts.append(_openai_file(block, at))
+        elif kind == "tool_result" and role == "user":
+            tools.append(_tool_message(block, at))
+        elif kind == "tool_use" and role == "assistant":
+            if not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict):
+                raise InvalidRequest(f"{at} needs a name and an input object", param=at)
+            arguments = orjson.dumps(block["input"]).decode()
+            calls.append({"id": str(block.get("id", "")), "type": "function",
+                          "function": {"name": block["name"], "arguments": arguments}})  # fmt: skip
+        else:
+            takes = "text, image, document, tool_result" if role == "user" else "text, tool_use"
+            raise InvalidRequest(
+                f"{at}.type {kind!r} cannot be translated for this model's deployment; a "
+                f"{role} message takes {takes} blocks",
+                param=f"{at}.type",
+            )
+    if role == "assistant":
+        text = "".join(p["text"] for p in parts)
+        reply: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if calls:
+            reply["tool_calls"] = calls
+        return [reply]
+    if parts and all(p["type"] == "text" for p in parts):
+        return [*tools, {"role": "user", "content": "".join(p["text"] for p in parts)}]
+    return [*tools, {"role": "user", "content": parts}] if parts else tools
+
+
+def _chat_tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise InvalidRequest('tools is a list of {"name", "input_schema", ...}', param="tools")
+    out = []
+    for index, tool in enumerate(tools):
+        where = f"tools[{index}]"
+        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise InvalidRequest(
+                f"{where}: Anthropic's server tools ({kind!r}) cannot be run by this model's "
+                "deployment; define a client tool with name, description and input_schema",
+                param=where,
+            )
+        if not isinstance(tool.get("name"), str) or not isinstance(tool.get("input_schema"), dict):
+            raise InvalidRequest(f"{where} needs a name and an input_schema object", param=where)
+        function: dict[str, Any] = {"name": tool["name"], "parameters": tool["input_schema"]}
+        if tool.get("description"):
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _chat_tool_choice(choice: Any, chat: dict[str, Any]) -> None:
+    """Anthropic's tool_choice as OpenAI's tool_choice and parallel_tool_calls, in `chat`."""
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("auto", "any", "none"):
+        chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[kind]
+    elif kind == "tool" and isinstance(choice.get("name"), str):
+        chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+    else:
+        raise InvalidRequest(
+            'tool_choice is {"type": "auto"}, {"type": "any"}, {"type": "none"} or '
+            '{"type": "tool", "name": "..."}',
+            param="tool_choice",
+        )
+    if choice.get("disable_parallel_tool_use"):
+        chat["parallel_tool_calls"] = False
+
+
 def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """A Messages API request as an OpenAI chat request (checked; errors name the field)."""
-    allowed = {
-        "model", "messages", "max_tokens", "system", "temperature", "top_p", "top_k",
-        "stop_sequences", "stream", "metadata",
-    }  # fmt: skip
-    unknown = set(body) - allowed
+    unknown = set(body) - _MESSAGES_FIELDS
     if unknown:
         name = sorted(unknown)[0]
         raise InvalidRequest(
-            f"{name!r} is not supported on /v1/messages; use {', '.join(sorted(allowed))}",
+            f"{name!r} is not supported on /v1/messages; use {', '.join(sorted(_MESSAGES_FIELDS))}",
             param=name,
         )
     if not isinstance(body.get("model"), str):
@@ -252,17 +767,7 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     if system is not None:
         messages.append({"role": "system", "content": _text(system, "system")})
     for index, message in enumerate(raw):
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise InvalidRequest(
-                f"messages[{index}] needs role user or assistant and content",
-                param=f"messages[{index}]",
-            )
-        messages.append(
-            {
-                "role": message["role"],
-                "content": _text(message.get("content"), f"messages[{index}].content"),
-            }
-        )
+        messages += _chat_messages(message, index)
     chat: dict[str, Any] = {"model": body["model"], "messages": messages, "max_tokens": max_tokens}
     for name in ("temperature", "top_p"):
         if body.get(name) is not None:
@@ -271,27 +776,88 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         chat["stop"] = body["stop_sequences"]
     if body.get("stream"):
         chat["stream"] = True
+    metadata = body.get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict) or set(metadata) - {"user_id"}:
+            raise InvalidRequest('metadata is {"user_id": "..."}', param="metadata")
+        if metadata.get("user_id"):
+            chat["user"] = str(metadata["user_id"])
+    if body.get("tools"):
+        chat["tools"] = _chat_tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        _chat_tool_choice(body["tool_choice"], chat)
     return chat
 
 
 def chat_to_message(reply: dict[str, Any], model: str) -> dict[str, Any]:
-    """An OpenAI chat completion as an Anthropic message."""
+    """An OpenAI chat completion as an Anthropic message; its tool calls are tool_use blocks."""
     choice = (reply.get("choices") or [{}])[0]
-    text = (choice.get("message") or {}).get("content") or ""
+    message = choice.get("message") or {}
+    text = message.get("content") or ""
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        try:
+            given = orjson.loads(function.get("arguments") or "{}")
+        except orjson.JSONDecodeError:
+            given = None
+        if not isinstance(given, dict):  # models can write broken JSON; Anthropic's is an object
+            raise UpstreamError("the model's tool call arguments are not a JSON object")
+        content.append({"type": "tool_use", "id": str(call.get("id", "")),
+                        "name": str(function.get("name", "")), "input": given})  # fmt: skip
     usage = reply.get("usage") or {}
     return {
         "id": "msg_" + str(reply.get("id", "")).removeprefix("chatcmpl-"),
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": text}],
+        "content": content or [{"type": "text", "text": ""}],
         "stop_reason": _FINISH.get(choice.get("finish_reason") or "stop", "end_turn"),
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": int(usage.get("prompt_tokens", 0)),
-            "output_tokens": int(usage.get("completion_tokens", 0)),
-        },
+        "usage": usage_as_anthropic(usage),
     }
+
+
+class _Blocks:
+    """The content blocks of a translated stream: text at index 0 first, then a block for
+    each tool call, or text again (OpenAI streams each call's pieces before the next's)."""
+
+    def __init__(self) -> None:
+        self.index = 0  # the open block
+        self.kind = "text"
+        self.calls: dict[int, int] = {}  # a tool call's index -> its block's
+
+    def text(self, text: str) -> list[bytes]:
+        events = self._start({"type": "text", "text": ""}) if self.kind != "text" else []
+        self.kind = "text"
+        delta = {"type": "text_delta", "text": text}
+        return [*events, self._delta(self.index, delta)]
+
+    def tool_call(self, call: dict[str, Any]) -> list[bytes]:
+        function = call.get("function") or {}
+        number = call.get("index", 0)
+        events = []
+        if number not in self.calls:
+            name, ident = str(function.get("name") or ""), str(call.get("id") or "")
+            events = self._start({"type": "tool_use", "id": ident, "name": name, "input": {}})
+            self.kind, self.calls[number] = "tool_use", self.index
+        if function.get("arguments"):
+            delta = {"type": "input_json_delta", "partial_json": function["arguments"]}
+            events.append(self._delta(self.calls[number], delta))
+        return events
+
+    def stop(self) -> bytes:
+        return sse.encode({"type": "content_block_stop", "index": self.index}, "content_block_stop")
+
+    def _start(self, block: dict[str, Any]) -> list[bytes]:
+        stop = self.stop()
+        self.index += 1
+        start = {"type": "content_block_start", "index": self.index, "content_block": block}
+        return [stop, sse.encode(start, "content_block_start")]
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> bytes:
+        event = {"type": "content_block_delta", "index": index, "delta": delta}
+        return sse.encode(event, "content_block_delta")
 
 
 async def message_events(
@@ -313,7 +879,8 @@ async def message_events(
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         "content_block_start",
     )
-    finish, tokens_in, tokens_out = "stop", 0, 0
+    finish, usage = "stop", {}
+    blocks = _Blocks()
     async for chunk in chunks:
         if "error" in chunk:
             error = chunk["error"]
@@ -323,26 +890,125 @@ async def message_events(
             )
             return
         for choice in chunk.get("choices") or []:
-            text = (choice.get("delta") or {}).get("content")
-            if text:
-                yield sse.encode(
-                    {"type": "content_block_delta", "index": 0,
-                     "delta": {"type": "text_delta", "text": text}},
-                    "content_block_delta",
-                )  # fmt: skip
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                for event in blocks.text(delta["content"]):
+                    yield event
+            for call in delta.get("tool_calls") or []:
+                for event in blocks.tool_call(call):
+                    yield event
             if choice.get("finish_reason"):
                 finish = choice["finish_reason"]
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            tokens_in = int(usage.get("prompt_tokens", 0))
-            tokens_out = int(usage.get("completion_tokens", 0))
-    yield sse.encode({"type": "content_block_stop", "index": 0}, "content_block_stop")
+        if isinstance(chunk.get("usage"), dict):
+            usage = chunk["usage"]
+    yield blocks.stop()
     yield sse.encode(
         {
             "type": "message_delta",
             "delta": {"stop_reason": _FINISH.get(finish, "end_turn"), "stop_sequence": None},
-            "usage": {"input_tokens": tokens_in, "output_tokens": tokens_out},
+            "usage": usage_as_anthropic(usage),
         },
         "message_delta",
     )
     yield sse.encode({"type": "message_stop"}, "message_stop")
+
+
+# --- /v1/messages/count_tokens ----------------------------------------------------------------
+
+COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice"})
+
+
+def count_request(body: dict[str, Any]) -> dict[str, Any]:
+    """A count_tokens body, checked, as the chat request it stands for (errors name the field)."""
+    unknown = set(body) - COUNT_FIELDS
+    if unknown:
+        name = sorted(unknown)[0]
+        raise InvalidRequest(
+            f"{name!r} is not supported on /v1/messages/count_tokens; use "
+            + ", ".join(sorted(COUNT_FIELDS)),
+            param=name,
+        )
+    return messages_to_chat({**body, "max_tokens": 1})
+
+
+def chat_tokens(chat: dict[str, Any], model: str) -> int:
+    """Input tokens of a chat request by the model's own tokenizer, framed as OpenAI's
+    cookbook counts them (3 per message, 3 priming the reply); tool definitions count as
+    their JSON. A model kairos has no exact tokenizer for, or an image, is a 400.
+
+    >>> chat_tokens({"messages": [{"role": "user", "content": "hello world"}]}, "gpt-4")
+    9
+    """
+    tokenizer = tokenizer_for(model)
+    if not tokenizer.exact:
+        raise InvalidRequest(
+            f"the gateway cannot count tokens for {model!r}: it has no exact tokenizer for that "
+            "model (only OpenAI's cl100k_base models and Anthropic deployments are counted)",
+            param="model",
+        )
+    count = tokenizer.count
+    total = 3
+    for message in chat["messages"]:
+        total += 3 + count(message["role"])
+        content = message.get("content") or ""
+        for part in [content] if isinstance(content, str) else content:
+            if isinstance(part, str):
+                total += count(part)
+            elif part.get("type") == "text":
+                total += count(part["text"])
+            else:  # an image's tokens depend on its size and detail, which need decoding it
+                raise InvalidRequest(
+                    f"the gateway cannot count {part.get('type')!r} parts for {model!r}; count "
+                    "the text only",
+                    param="messages",
+                )
+        for call in message.get("tool_calls") or []:
+            total += count(call["function"]["name"]) + count(call["function"]["arguments"])
+    if chat.get("tools"):
+        total += count(orjson.dumps(chat["tools"]).decode())
+    return total
+
+
+# --- usage, both ways -------------------------------------------------------------------------
+
+
+def _tokens(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def usage_as_openai(usage: Any) -> dict[str, Any]:
+    """Anthropic usage in OpenAI's shape, as `providers.openai_usage` reads it: prompt_tokens
+    counts every input token (Anthropic's input_tokens leaves the cache's out), cache reads
+    are cached_tokens, cache writes cache_creation_input_tokens (as LiteLLM reports them)."""
+    usage = usage if isinstance(usage, dict) else {}
+    read = _tokens(usage.get("cache_read_input_tokens"))
+    written = _tokens(usage.get("cache_creation_input_tokens"))
+    prompt = _tokens(usage.get("input_tokens")) + read + written
+    completion = _tokens(usage.get("output_tokens"))
+    result: dict[str, Any] = {
+        "prompt_tokens": prompt, "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }  # fmt: skip
+    if read or written:
+        result["prompt_tokens_details"] = {"cached_tokens": read}
+        result["cache_read_input_tokens"] = read
+        result["cache_creation_input_tokens"] = written
+        if isinstance(usage.get("cache_creation"), dict):  # the 5-minute and 1-hour writes
+            result["cache_creation"] = usage["cache_creation"]
+    return result
+
+
+def usage_as_anthropic(usage: Any) -> dict[str, Any]:
+    """OpenAI usage (with the cache fields `usage_as_openai` writes) in Anthropic's shape."""
+    usage = usage if isinstance(usage, dict) else {}
+    details = usage.get("prompt_tokens_details")
+    read = _tokens(details.get("cached_tokens") if isinstance(details, dict) else None)
+    written = _tokens(usage.get("cache_creation_input_tokens"))
+    result: dict[str, Any] = {
+        "input_tokens": max(0, _tokens(usage.get("prompt_tokens")) - read - written),
+        "output_tokens": _tokens(usage.get("completion_tokens")),
+    }
+    if read or written:
+        result["cache_read_input_tokens"] = read
+        result["cache_creation_input_tokens"] = written
+    return result

@@ -14,18 +14,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
 from kairos.gateway import requests, sse
-from kairos.gateway.accounting import Accountant, Hold, Settlement, input_bound, new_id
+from kairos.gateway.accounting import (
+    PROCESS,
+    Accountant,
+    Hold,
+    Settlement,
+    check_bounded,
+    input_bound,
+    key_reset,
+    new_id,
+    parts_bound,
+)
+from kairos.gateway.anthropic import AnthropicProvider, chat_tokens, count_request
 from kairos.gateway.config import Deployment, GatewayConfig
 from kairos.gateway.counters import Counters, counters_from_url
 from kairos.gateway.errors import (
@@ -41,8 +53,17 @@ from kairos.gateway.errors import (
 from kairos.gateway.keys import KeyRecord, key_id, key_spec, new_key
 from kairos.gateway.ledger import LedgerRow, LedgerWriter
 from kairos.gateway.prices import Price
-from kairos.gateway.providers import Provider, Usage, chunk_usage, openai_usage, provider_for
+from kairos.gateway.providers import (
+    RESPONSE_ENDS,
+    Provider,
+    Usage,
+    chunk_usage,
+    openai_usage,
+    provider_for,
+)
+from kairos.gateway.recovery import recover
 from kairos.gateway.registry import Registry, registry_from_url
+from kairos.gateway.responses import check_responses, error_event, event_usage, response_usage
 from kairos.gateway.router import Router
 from kairos.gateway.scrub import Secrets
 from kairos.gateway.shares import SharedCounters
@@ -50,7 +71,10 @@ from kairos.gateway.shares import SharedCounters
 logger = logging.getLogger(__name__)
 
 _FREE = Price(0, 0)  # an unpriced model, for keys without a USD budget
-_TOKEN_FIELD = {"chat": "max_tokens", "completion": "max_tokens"}
+# the field a capped call's output limit goes in when the client sent none (chat: the
+# provider's `token_field`); a client's own field is kept, lowered to the cap
+_TOKEN_FIELD = {"chat": "max_completion_tokens", "completion": "max_tokens"}
+_OUTPUT_LIMITS = ("max_completion_tokens", "max_tokens")
 
 
 class Stream:
@@ -85,6 +109,7 @@ class Stream:
         self._waiter: asyncio.Future[None] | None = None
         self._client_gone = False
         self.delivered = False  # the client read every chunk
+        self.upstream_failed = False  # the provider ended the stream with a failure event
         self._deadline: asyncio.Timeout | None = None
         self.task = asyncio.get_running_loop().create_task(self._pump(first, upstream, on_end))
 
@@ -94,7 +119,7 @@ class Stream:
         upstream: AsyncIterator[bytes],
         on_end: Callable[[Usage | None, str], Awaitable[None]],
     ) -> None:
-        usage = chunk_usage(first)
+        usage = self._usage(first)
         status = "ok"
         arrive = self._arrive
         scrub = self._secrets.scrub  # a provider may quote the key it was sent in any event
@@ -105,7 +130,7 @@ class Stream:
                 if self._client_gone:
                     deadline.reschedule(asyncio.get_running_loop().time() + self._drain)
                 async for chunk in upstream:
-                    usage = chunk_usage(chunk) or usage
+                    usage = self._usage(chunk) or usage
                     if not self._client_gone:
                         arrive(scrub(chunk))
         except UpstreamError as error:
@@ -126,10 +151,16 @@ class Stream:
             arrive(None)
             if self._client_gone and status == "ok":
                 status = "client_disconnected"
+            if self.upstream_failed and status == "ok":
+                status = "upstream_error"
             # settling and logging are not the client's to wait for: the reader writes the last
             # frames first, and the client's next request is read and sent on first
             await asyncio.sleep(self._settle_after)
             await on_end(usage, status)
+
+    def _usage(self, chunk: bytes) -> Usage | None:
+        """The usage a chunk carries (an OpenAI chat or completion chunk's)."""
+        return chunk_usage(chunk)
 
     def _arrive(self, item: bytes | dict[str, Any] | None) -> None:
         self._arrived.append(item)
@@ -225,6 +256,42 @@ class Stream:
         await asyncio.shield(self.task)
 
 
+class ResponseStream(Stream):
+    """A Responses API stream: its typed events (`event: response.output_text.delta`, ...),
+    passed through as the provider sent them, ending with its last event (`response.completed`,
+    `.incomplete` or `.failed`; no `[DONE]`), whose `response.usage` bills the call. A failure
+    after the first event arrives as an `error` event; `response.failed` is logged as one."""
+
+    _sequence = 0  # events given to the client: the next one's sequence_number
+
+    def _usage(self, chunk: bytes) -> Usage | None:
+        kind = sse.data_type(chunk)
+        if kind not in RESPONSE_ENDS:
+            return None
+        self.upstream_failed = kind == "response.failed"
+        return event_usage(chunk)
+
+    def _frame(self, item: bytes | dict[str, Any]) -> bytes:
+        if isinstance(item, dict):
+            return sse.encode(error_event(item["error"], self._sequence), "error")
+        self._sequence += 1
+        kind = sse.data_type(item)
+        return (f"event: {kind}\n".encode() if kind else b"") + sse.frame(item)
+
+    async def frame_batches(self) -> AsyncIterator[tuple[bytes, bool]]:
+        async for batch, last in self._batches():
+            yield b"".join([self._frame(item) for item in batch]), last
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        async for batch, _ in self._batches():
+            for item in batch:
+                if isinstance(item, dict):
+                    yield error_event(item["error"], self._sequence)
+                else:
+                    self._sequence += 1
+                    yield orjson.loads(item)
+
+
 class Gateway:
     """Keys, budgets, routing, failover and the ledger in front of the configured providers."""
 
@@ -239,12 +306,14 @@ class Gateway:
         self.config = config
         self.registry = registry or registry_from_url(config.registry)
         self.counters = counters or counters_from_url(config.counters)
-        self.providers = providers or {n: provider_for(p) for n, p in config.providers.items()}
+        if providers is None:
+            providers = {n: provider_for(p) for n, p in config.providers.items()}
+        self.providers = providers
         self.router = Router(config)
         self.secrets = Secrets.of(config)  # masked in every text that leaves (scrub.py)
         # holds are served from budget shares in memory while a key has room (shares.py)
         self.shares = SharedCounters(self.counters, depth=config.budget_shares, lease=config.lease)
-        self.accountant = Accountant(self.shares, lease=config.lease)
+        self.accountant = Accountant(self.shares, lease=config.lease, settles=self._settles)
         self.ledger = LedgerWriter(self.registry)
         self._keys: dict[str, tuple[float, KeyRecord | None]] = {}
         # keys that matched lately, by a digest keyed with a secret of this process: a key in
@@ -254,6 +323,10 @@ class Gateway:
         self._rechecking: set[bytes] = set()
         self._revocations = 0  # revokes through this process (a recheck begun before loses)
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._started = False  # marked alive in the registry, dead processes recovered
+        self._starting = asyncio.Lock()
+        # per key: calls answered whose settling is deferred (`settle_after`), not done yet
+        self._due: dict[str, set[asyncio.Future[None]]] = {}
         # seconds between an answer's last byte and its settling and logging. An HTTP server
         # sets a few ms: the same client's next request is then read and sent upstream before
         # that work, which would otherwise run first (on a keep-alive connection, requests
@@ -262,9 +335,24 @@ class Gateway:
         # called with each ledger row as it is written (the HTTP app's metrics listen here)
         self.observers: list[Callable[[LedgerRow], None]] = []
 
+    async def start(self) -> None:
+        """Mark this process alive in the registry, then recover the calls of gateway
+        processes that died (recovery.py). Once; the first call waits for it (the HTTP app
+        runs it as it starts)."""
+        async with self._starting:
+            if self._started:
+                return
+            await self.registry.attach(PROCESS)
+            try:
+                since = datetime.now(UTC) - timedelta(seconds=2 * self.config.lease + 60)
+                await recover(self.registry, self.counters, since=since)
+            except Exception as error:  # never keeps calls out: the next start tries again
+                logger.error("recovering dead gateway processes failed: %s", error)
+            self._started = True
+
     # --- keys ----------------------------------------------------------------------------
 
-    async def create_key(self, **spec: Any) -> tuple[str, KeyRecord]:
+    async def create_key(self, /, **spec: Any) -> tuple[str, KeyRecord]:
         """Create a key from admin fields (name, models, rpm, tpm, budgets, expires_at);
         returns (the full key, shown once; its record)."""
         if not self.config.pepper:
@@ -353,6 +441,8 @@ class Gateway:
     async def usage(
         self, key: str | None = None, since: datetime | None = None, until: datetime | None = None
     ) -> list[LedgerRow]:
+        if not self._started:
+            await self.start()
         await self.drain()
         await self.ledger.flush()
         return await self.registry.read_rows(key, since, until)
@@ -363,15 +453,18 @@ class Gateway:
         """A chat completion (OpenAI shape); a Stream when `body["stream"]` is true."""
         model, stream, wanted, parts = requests.check_chat(body, self.config.default_max_tokens)
         bound = input_bound(requests.input_bytes(body), parts)
-        return await self._dispatch(key, "chat", "chat", body, model, stream, wanted, bound)
+        return await self._dispatch(
+            key, "chat", "chat", body, model, stream, wanted, bound, requests.choices(body)
+        )
 
     async def completion(
         self, key: KeyRecord | str, body: dict[str, Any]
     ) -> dict[str, Any] | Stream:
         model, stream, wanted, prompts = requests.check_completion(body)
         bound = input_bound(requests.input_bytes(body), prompts)
+        answers = prompts * requests.choices(body)  # n answers to each prompt
         return await self._dispatch(
-            key, "completion", "completion", body, model, stream, wanted, bound, prompts
+            key, "completion", "completion", body, model, stream, wanted, bound, answers
         )
 
     async def embedding(self, key: KeyRecord | str, body: dict[str, Any]) -> dict[str, Any]:
@@ -381,6 +474,17 @@ class Gateway:
         if isinstance(reply, Stream):  # a call that is not streamed answers whole
             raise TypeError("an embedding call returned a stream")
         return reply
+
+    async def responses(
+        self, key: KeyRecord | str, body: dict[str, Any]
+    ) -> dict[str, Any] | Stream:
+        """A Responses API call (OpenAI shape, OpenAI-kind deployments only); a ResponseStream
+        of its typed events when `body["stream"]` is true."""
+        model, stream, wanted, parts = check_responses(body, self.config.default_max_tokens)
+        bound = input_bound(requests.input_bytes(body), parts)
+        return await self._dispatch(
+            key, "responses", "responses", body, model, stream, wanted, bound
+        )
 
     async def messages_chat(
         self, key: KeyRecord | str, chat_body: dict[str, Any]
@@ -396,6 +500,31 @@ class Gateway:
             key, "chat", "messages", chat_body, model, stream, wanted, bound
         )
 
+    async def count_tokens(self, key: KeyRecord | str, body: dict[str, Any]) -> int:
+        """Input tokens of a /v1/messages request (Anthropic's count_tokens), not billed: the
+        model's first deployment the key may use counts them, Anthropic's by its provider,
+        another here when kairos has the model's own tokenizer (else a 400)."""
+        record = key if isinstance(key, KeyRecord) else await self.authenticate(key)
+        chat = count_request(body)
+        group = self.router.group_of(chat["model"])
+        deployments = self.router.candidates(group, record.allows)
+        if not self.router.reachable(group, record.allows):
+            raise ModelNotAllowed(
+                f"key {record.id!r} may not use model {chat['model']!r}; GET /v1/models lists "
+                "the models it may use",
+                param="model",
+            )
+        if not deployments:
+            raise UpstreamError(
+                f"every deployment of model {chat['model']!r} is failing; retry shortly", status=503
+            )
+        deployment = deployments[0]
+        provider = self.providers[deployment.provider]
+        if isinstance(provider, AnthropicProvider):
+            upstream = {**body, "model": deployment.model}
+            return await provider.count_tokens(upstream, deployment.timeout)
+        return chat_tokens(chat, deployment.model)
+
     async def _dispatch(
         self,
         key: KeyRecord | str,
@@ -409,6 +538,8 @@ class Gateway:
         answers: int = 1,
     ) -> dict[str, Any] | Stream:
         record = key if isinstance(key, KeyRecord) else await self.authenticate(key)
+        if not self._started:
+            await self.start()
         call = _Call(self, record, kind, route, model, body, stream, wanted, bound, answers)
         try:
             return await call.run()
@@ -426,10 +557,35 @@ class Gateway:
     def _spawn(self, work: Awaitable[Any]) -> None:
         self._track(asyncio.ensure_future(work))
 
-    def _after_answer(self, work: Coroutine[Any, Any, None]) -> None:
+    def _after_answer(self, key_id: str, work: Coroutine[Any, Any, None]) -> None:
         """Settling and logging a whole answer: `settle_after` once it is sent, in a task of
         its own that `drain()` waits for."""
-        self._spawn(_later(self.settle_after, work))
+        self._spawn(self._deferred(key_id, work))
+
+    async def _deferred(self, key_id: str, work: Coroutine[Any, Any, None]) -> None:
+        """`work` (an answered call's settling) `settle_after` from now; a hold of the same
+        key refused meanwhile waits for it (`_settles`)."""
+        done = asyncio.get_running_loop().create_future()
+        due = self._due.setdefault(key_id, set())
+        due.add(done)
+        try:
+            await asyncio.sleep(self.settle_after)
+            await work
+        finally:
+            due.discard(done)
+            if not due and self._due.get(key_id) is due:
+                del self._due[key_id]
+            done.set_result(None)
+
+    async def _settles(self, key_id: str) -> bool:
+        """Wait until the key's answered calls are settled (and the budget shares they gave
+        back to are returned to the store); False when none was due."""
+        due = self._due.get(key_id)
+        if not due:
+            return False
+        await asyncio.wait(list(due))
+        await self.shares.returned()
+        return True
 
     def _track(self, task: asyncio.Future[Any]) -> None:
         self._tasks.add(task)
@@ -452,11 +608,6 @@ class Gateway:
         await self.registry.close()
 
 
-async def _later(delay: float, work: Coroutine[Any, Any, None]) -> None:
-    await asyncio.sleep(delay)
-    await work
-
-
 _NOBODY = KeyRecord(id="", name="", secret_hash="0" * 64, created_at=datetime.now(UTC))
 
 
@@ -477,7 +628,8 @@ class _Call:
         answers: int = 1,
     ) -> None:
         self.gateway = gateway
-        self.answers = answers  # completions answer each prompt: the hold covers them all
+        self.answers = answers  # n, and each prompt of a completion: the hold covers them all
+        self.parts = requests.input_parts(body)  # bounded per deployment (images per model)
         self.key = key
         self.kind = kind
         self.route = route
@@ -491,7 +643,9 @@ class _Call:
         self.created_at = datetime.now(UTC)
         self.attempts = 0
         self.cost = self.tokens_in = self.tokens_out = 0
+        self.tokens_cached = self.tokens_cache_write = self.uncharged = 0
         self.deployment: Deployment | None = None
+        self.hold_id: str | None = None  # the store hold carrying the last attempt's
         self.ttft: float | None = None
 
     async def run(self) -> dict[str, Any] | Stream:
@@ -504,6 +658,7 @@ class _Call:
                 "GET /v1/models lists the models it may use",
                 param="model",
             )
+        check_bounded(self.parts, key)
         candidates = router.candidates(group, key.allows)
         last: GatewayError | None = None
         tried = 0
@@ -517,6 +672,12 @@ class _Call:
                     param="model",
                 )
                 continue
+            if isinstance(provider, AnthropicProvider):
+                try:  # before any hold: a field Anthropic cannot take is a 400, never dropped
+                    provider.check(self.kind, self.body)
+                except InvalidRequest as error:
+                    last = error
+                    continue
             price = deployment.price or gateway.config.prices.get(deployment.model)
             if price is None:
                 if any(b.usd_micros is not None for b in key.budgets):
@@ -531,14 +692,14 @@ class _Call:
                 continue
             tried += 1
             try:
-                hold = await gateway.accountant.hold(
-                    key, price, self.bound, self.wanted * self.answers
-                )
+                bound = self.bound + parts_bound(self.parts, deployment.model)
+                hold = await gateway.accountant.hold(key, price, bound, self.wanted * self.answers)
                 if self.wanted and hold.max_tokens < self.answers:  # not a token for each
                     await gateway.accountant.settle(hold, None, accepted=False)
                     raise BudgetExceeded(
                         f"key {key.id!r} has too little budget left for {self.answers} answers; "
-                        "send fewer prompts or lower max_tokens"
+                        "send fewer prompts or lower max_tokens",
+                        retry_after=key_reset(key, gateway.accountant.clock()),
                     )
             except BaseException:
                 router.finished(deployment, "neutral", 0.0)
@@ -557,18 +718,45 @@ class _Call:
     def _upstream_body(self, deployment: Deployment, hold: Hold) -> dict[str, Any]:
         body = {**self.body, "model": deployment.model}
         if self.kind in _TOKEN_FIELD:
-            body.pop("max_tokens", None)
-            field = (
-                "max_completion_tokens" if "max_completion_tokens" in self.body else "max_tokens"
-            )
-            # always explicit, clamped to what the budget covers (per answer)
-            body[field] = hold.max_tokens // self.answers
-        body.pop("stream_options", None)
+            self._cap(body, deployment, hold.max_tokens // self.answers)
+        elif self.kind == "responses" and ("max_output_tokens" in self.body or hold.lines):
+            body["max_output_tokens"] = hold.max_tokens  # what the budget covers
+        if self.kind != "responses":  # a Responses call's stream_options are the client's
+            body.pop("stream_options", None)
         return body
+
+    def _cap(self, body: dict[str, Any], deployment: Deployment, cap: int) -> None:
+        """The client's output limits go as sent unless the call needs a cap: the key's
+        budgets or tpm bound the output, or the provider requires one (Anthropic). A limit
+        the client sent is then lowered to the cap in its own field (the model accepts that
+        field); with none, the cap goes in the provider's field. /v1/messages' max_tokens is
+        Anthropic's, not the client's OpenAI field: it always goes in the provider's."""
+        provider = self.gateway.config.providers.get(deployment.provider)
+        field = _TOKEN_FIELD[self.kind]
+        if provider is not None and self.kind == "chat":
+            field = provider.token_field
+        if self.route == "messages":
+            body.pop("max_tokens", None)
+        elif not self.key.caps_output and (provider is None or provider.kind != "anthropic"):
+            return  # nothing to bound: no limit is added (reasoning models refuse max_tokens)
+        sent = [name for name in _OUTPUT_LIMITS if body.get(name) is not None]
+        for name in sent:
+            body[name] = min(body[name], cap)
+        if not sent:
+            body[field] = cap
 
     async def _attempt(
         self, deployment: Deployment, provider: Provider, hold: Hold
     ) -> dict[str, Any] | Stream:
+        self.hold_id = self.gateway.shares.store_hold(hold.id)
+        try:  # durable before the call leaves: a process killed now leaves this row behind
+            await self.gateway.ledger.pending(self._pending_row(deployment, hold))
+        except BaseException as error:
+            self.gateway._spawn(self._settle(hold, None, accepted=False))
+            self.gateway.router.finished(deployment, "neutral", 0.0)
+            if not isinstance(error, GatewayError):  # _dispatch logs those
+                self.log(deployment, provider, "client_disconnected")
+            raise
         self.attempts += 1
         self.deployment = deployment
         body = self._upstream_body(deployment, hold)
@@ -583,7 +771,7 @@ class _Call:
                 )
                 raise
             except BaseException:  # cancelled while waiting: the provider may have served it
-                self.gateway._spawn(self._settle(hold, None, accepted=True))
+                self.gateway._spawn(self._cut(hold, deployment, provider))
                 self.gateway.router.finished(deployment, "neutral", 0.0)
                 raise
             elapsed = time.perf_counter() - sent
@@ -591,7 +779,10 @@ class _Call:
             self.gateway.router.finished(deployment, "ok", elapsed)
             # the hold already covers the call: settling (which only gives back) and logging
             # need not delay the answer
-            self.gateway._after_answer(self._close(hold, openai_usage(reply), deployment, provider))
+            usage = response_usage(reply) if self.kind == "responses" else openai_usage(reply)
+            self.gateway._after_answer(
+                self.key.id, self._close(hold, usage, deployment, provider)
+            )
             return reply
         upstream = provider.stream(self.kind, body, deployment.timeout).__aiter__()
         try:
@@ -609,24 +800,32 @@ class _Call:
                 status=504,
                 accepted=accepted,
             ) from None
+        except BaseException:  # cancelled while waiting: the provider may have served it
+            self.gateway._spawn(self._cut(hold, deployment, provider))
+            self.gateway.router.finished(deployment, "neutral", 0.0)
+            raise
         self.ttft = time.perf_counter() - sent
 
-        async def on_end(usage: Usage | None, status: str) -> None:
+        async def ended(usage: Usage | None, status: str) -> None:
             await self._settle(hold, usage, accepted=True)
             outcome = "failed" if status in ("upstream_error", "upstream_incomplete") else "ok"
             self.gateway.router.finished(deployment, outcome, time.perf_counter() - sent)
             self.log(deployment, provider, status)
 
+        def on_end(usage: Usage | None, status: str) -> Awaitable[None]:
+            # deferred like a whole answer's, and as visible to the key's next refused hold
+            return self.gateway._deferred(self.key.id, ended(usage, status))
+
         options = self.body.get("stream_options") or {}
-        result = Stream(
+        responses = self.kind == "responses"  # its usage is in its last event, always sent
+        result = (ResponseStream if responses else Stream)(
             first,
             upstream,
-            include_usage=bool(options.get("include_usage")),
+            include_usage=responses or bool(options.get("include_usage")),
             drain=self.gateway.config.stream_drain,
             on_end=on_end,
             request_id=self.request_id,
             secrets=self.gateway.secrets,
-            settle_after=self.gateway.settle_after,
         )
         self.gateway._track(result.task)
         return result
@@ -637,16 +836,44 @@ class _Call:
         await self._settle(hold, usage, accepted=True)
         self.log(deployment, provider, "ok")
 
+    async def _cut(self, hold: Hold, deployment: Deployment, provider: Provider) -> None:
+        """A call whose caller left while the provider had it: charged in full, as it may
+        have been served."""
+        await self._settle(hold, None, accepted=True)
+        self.log(deployment, provider, "client_disconnected")
+
+    def _pending_row(self, deployment: Deployment, hold: Hold) -> LedgerRow:
+        """The row of the call as it is dispatched: what it cost so far plus the full hold,
+        which is what the lease rule charges if its end is never logged."""
+        return dataclasses.replace(
+            self.row(deployment, "pending"),
+            tokens_in=self.tokens_in + hold.input_tokens,
+            tokens_out=self.tokens_out + hold.max_tokens,
+            cost_micros=self.cost + hold.cost,
+            ttft_ms=None,
+            latency_ms=0.0,
+            attempts=self.attempts + 1,
+        )
+
     async def _settle(self, hold: Hold, usage: Usage | None, *, accepted: bool) -> Settlement:
         settlement = await self.gateway.accountant.settle(hold, usage, accepted=accepted)
         self.cost += settlement.cost_micros
         self.tokens_in += settlement.tokens_in
         self.tokens_out += settlement.tokens_out
+        self.tokens_cached += settlement.tokens_cached
+        self.tokens_cache_write += settlement.tokens_cache_write
+        self.uncharged += settlement.uncharged_micros
         return settlement
 
     def log(self, deployment: Deployment | None, provider: Provider | None, status: str) -> None:
+        row = self.row(deployment, status)
+        self.gateway.ledger.add(row)
+        for observe in self.gateway.observers:
+            observe(row)
+
+    def row(self, deployment: Deployment | None, status: str) -> LedgerRow:
         deployment = deployment or self.deployment
-        row = LedgerRow(
+        return LedgerRow(
             request_id=self.request_id,
             key_id=self.key.id,
             route=self.route,
@@ -663,7 +890,8 @@ class _Call:
             status=status,
             attempts=self.attempts,
             created_at=self.created_at,
+            tokens_cached=self.tokens_cached,
+            tokens_cache_write=self.tokens_cache_write,
+            uncharged_micros=self.uncharged,
+            hold_id=self.hold_id,
         )
-        self.gateway.ledger.add(row)
-        for observe in self.gateway.observers:
-            observe(row)

@@ -5,6 +5,13 @@ Costs round up to whole micro-dollars, so a budget is never undercharged:
 
 >>> Price(150_000, 600_000).cost(1_000, 500)   # $0.15 / $0.60 per million tokens
 450
+
+Input read from a provider's prompt cache (`cached_input`) and input written to it
+(`cache_write`, and Anthropic's 1-hour `cache_write_1h`) have prices of their own; a price that
+names none of them bills those tokens as plain input:
+
+>>> Price(2_500_000, 10_000_000, cached_input=1_250_000).cost(1_000, 0, cached=800)
+1500
 """
 
 from __future__ import annotations
@@ -23,15 +30,44 @@ PER_MILLION = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class Price:
-    """Micro-dollars per million input and output tokens."""
+    """Micro-dollars per million input and output tokens, and per million input tokens read
+    from or written to a prompt cache (None: as `input`)."""
 
     input: int
     output: int
+    cached_input: int | None = None
+    cache_write: int | None = None
+    cache_write_1h: int | None = None  # Anthropic's 1-hour cache; None: as `cache_write`
 
-    def cost(self, input_tokens: int, output_tokens: int) -> int:
-        """Micro-dollars for a call, rounded up."""
-        scaled = input_tokens * self.input + output_tokens * self.output
+    def cost(
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        cached: int = 0,
+        written: int = 0,
+        written_1h: int = 0,
+    ) -> int:
+        """Micro-dollars for a call, rounded up. `cached` and `written` are parts of
+        `input_tokens` (as OpenAI counts them); `written_1h` is a part of `written`."""
+        write = self.input if self.cache_write is None else self.cache_write
+        write_1h = write if self.cache_write_1h is None else self.cache_write_1h
+        read = self.input if self.cached_input is None else self.cached_input
+        scaled = (
+            (input_tokens - cached - written) * self.input
+            + cached * read
+            + (written - written_1h) * write
+            + written_1h * write_1h
+            + output_tokens * self.output
+        )
         return -(-scaled // PER_MILLION)
+
+    def held(self) -> Price:
+        """This price with every input token at the dearest rate input can be billed at (a
+        cache write): what a hold charges, since which input the provider caches is its own
+        choice."""
+        dearest = max(self.input, self.cache_write or 0, self.cache_write_1h or 0)
+        return self if dearest == self.input else Price(dearest, self.output)
 
     def affordable_output(self, input_tokens: int, micros: int) -> int:
         """The most output tokens whose cost, with the input's, fits in `micros`."""
@@ -70,15 +106,25 @@ def usd_per_million(value: Any, where: str) -> int:
     return int(micros)
 
 
+_PRICE_FIELDS = ("input", "output", "cached_input", "cache_write", "cache_write_1h")
+
+
 def parse_price(raw: Any, where: str) -> Price:
-    if not isinstance(raw, Mapping) or set(raw) - {"input", "output"} or "input" not in raw:
+    if not isinstance(raw, Mapping) or set(raw) - set(_PRICE_FIELDS) or "input" not in raw:
         raise GatewayConfigError(
             f"{where}: a price is {{input: USD, output: USD}} per million tokens, e.g. "
-            "{input: 0.15, output: 0.60}"
+            "{input: 0.15, output: 0.60}, optionally with cached_input, cache_write and "
+            "cache_write_1h"
         )
+    optional = {
+        name: usd_per_million(raw[name], f"{where}.{name}")
+        for name in _PRICE_FIELDS[2:]
+        if raw.get(name) is not None
+    }
     return Price(
         usd_per_million(raw["input"], f"{where}.input"),
         usd_per_million(raw.get("output", 0), f"{where}.output"),
+        **optional,
     )
 
 

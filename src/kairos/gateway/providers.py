@@ -14,17 +14,34 @@ import orjson
 
 from kairos.gateway import sse
 from kairos.gateway.config import ProviderConfig
-from kairos.gateway.errors import UnsupportedRoute, UpstreamError, UpstreamIncomplete
+from kairos.gateway.errors import (
+    GatewayConfigError,
+    UnsupportedRoute,
+    UpstreamError,
+    UpstreamIncomplete,
+)
 from kairos.gateway.http import HTTPClient, HTTPFailure, Response
 from kairos.gateway.scrub import Secrets
 
-PATHS = {"chat": "/chat/completions", "completion": "/completions", "embedding": "/embeddings"}
+PATHS = {
+    "chat": "/chat/completions", "completion": "/completions", "embedding": "/embeddings",
+    "responses": "/responses",
+}  # fmt: skip
+# the events a Responses stream ends with: each carries the response and its usage
+RESPONSE_ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """Tokens a call used, as OpenAI counts them: `cached` (read from the provider's prompt
+    cache) and `written` (written to it) are parts of `input_tokens`; `written_1h` (Anthropic's
+    1-hour cache) is a part of `written`."""
+
     input_tokens: int
     output_tokens: int
+    cached: int = 0
+    written: int = 0
+    written_1h: int = 0
 
 
 def chunk_usage(raw: bytes) -> Usage | None:
@@ -42,8 +59,25 @@ def openai_usage(body: Any) -> Usage | None:
     usage = body.get("usage") if isinstance(body, dict) else None
     if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
         return None
-    completion = usage.get("completion_tokens")
-    return Usage(usage["prompt_tokens"], completion if isinstance(completion, int) else 0)
+    prompt = usage["prompt_tokens"]
+    completion = _count(usage.get("completion_tokens"), 1 << 62)
+    details = usage.get("prompt_tokens_details")
+    cached = _count(details.get("cached_tokens") if isinstance(details, dict) else None, prompt)
+    # cache writes are Anthropic's, carried this way by kairos' translation (and LiteLLM's)
+    written = _count(usage.get("cache_creation_input_tokens"), prompt - cached)
+    creation = usage.get("cache_creation")
+    written_1h = _count(
+        creation.get("ephemeral_1h_input_tokens") if isinstance(creation, dict) else None, written
+    )
+    return Usage(prompt, completion, cached, written, written_1h)
+
+
+def _count(value: Any, most: int) -> int:
+    """A reported token count, 0 when absent or malformed, at most `most` (a part never
+    exceeds its whole)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return 0
+    return min(value, max(most, 0))
 
 
 class Provider(Protocol):
@@ -192,6 +226,10 @@ class OpenAICompatible:
         return await json_reply(self.config, response)
 
     async def stream(self, kind: str, body: dict[str, Any], timeout: float) -> AsyncIterator[bytes]:
+        if kind == "responses":
+            async for data in self._response_events(body, timeout):
+                yield data
+            return
         # usage is always asked for upstream: it is what the call is billed by
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         url = self._url(kind)
@@ -223,6 +261,35 @@ class OpenAICompatible:
         finally:
             response.close()
 
+    async def _response_events(self, body: dict[str, Any], timeout: float) -> AsyncIterator[bytes]:
+        """A Responses stream's events (the JSON of each) up to its last one, which carries the
+        usage; an `error` event, or a stream that ends before its last event, raises."""
+        url = self._url("responses")
+        payload = {**body, "stream": True}
+        response = await post(self._client, self.config, url, self._headers, payload, timeout)
+        secret = self.config.api_key.encode() if self.config.api_key else None
+        ended = False
+        async for event in event_stream(self.config, response):
+            data = event.data
+            if ended or data.startswith(b"[DONE]"):
+                continue  # read on to the body's end, so the connection is reused
+            if secret and secret in data:  # a provider quoting the credential it was sent
+                data = data.replace(secret, b"***")
+            kind = sse.data_type(data)
+            if kind == "error" or event.event == "error":
+                message = _event_message(data)[:300]
+                raise UpstreamError(
+                    f"provider {self.name!r} failed mid-stream: {message}", accepted=True
+                )
+            ended = kind in RESPONSE_ENDS
+            yield data
+        if not ended:
+            raise UpstreamError(
+                f"provider {self.name!r} ended the stream before its last event "
+                "(response.completed); the answer may be cut short",
+                accepted=True,
+            )
+
     def _chunk(self, data: bytes) -> bytes:
         """A streamed event's data, checked to be a chunk (not an in-band error)."""
         if not data.startswith(b"{"):
@@ -251,7 +318,25 @@ class OpenAICompatible:
         await self._client.close()
 
 
+def _event_message(data: bytes) -> str:
+    """The message of an in-band `error` event (Responses: `message`; else `error.message`)."""
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return "an event that is not JSON"
+    if not isinstance(event, dict):
+        return "an event that is not a JSON object"
+    problem = event.get("error")
+    message = problem.get("message") if isinstance(problem, dict) else event.get("message")
+    return str(message or problem or "no message")
+
+
 def provider_for(config: ProviderConfig) -> Provider:
+    if config.unset_key_env:
+        raise GatewayConfigError(
+            f"provider {config.name!r}: its api_key_env names {config.unset_key_env}, which is "
+            "not set in the environment; set it (commands that call no provider do not need it)"
+        )
     if config.kind == "anthropic":
         from kairos.gateway.anthropic import AnthropicProvider
 

@@ -1,4 +1,9 @@
-"""Where keys and the ledger live: SQLite by default, PostgreSQL in production."""
+"""Where keys and the ledger live: SQLite by default, PostgreSQL in production.
+
+The registry also knows which gateway processes are alive: each one `attach`es before its
+first call (it holds a lock that the operating system or the database lets go of when the
+process dies, however it dies), so a gateway that starts can tell the calls of a dead process
+from those of a live one and recover only the former (recovery.py)."""
 
 from __future__ import annotations
 
@@ -22,11 +27,29 @@ class Registry(Protocol):
 
     async def revoke_key(self, key_id: str, at: datetime) -> bool: ...
 
-    async def write_rows(self, rows: Sequence[LedgerRow]) -> None: ...
+    async def write_rows(self, rows: Sequence[LedgerRow]) -> None:
+        """Insert rows, each replacing the row of its request_id (a pending one) if any."""
+        ...
 
     async def read_rows(
         self, key_id: str | None, since: datetime | None, until: datetime | None
     ) -> list[LedgerRow]: ...
+
+    async def attach(self, process: str) -> None:
+        """Mark `process` (the id prefix of its requests and holds) alive until it exits."""
+        ...
+
+    async def dead_processes(self) -> list[str]:
+        """Processes that attached and are gone (not this one), not yet forgotten."""
+        ...
+
+    async def process_rows(self, process: str, since: datetime) -> list[LedgerRow]:
+        """A process's rows: every pending one, and the rest created since `since`."""
+        ...
+
+    async def forget(self, process: str) -> None:
+        """Drop a dead process's mark once its calls are recovered."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -51,8 +74,17 @@ KEY_COLUMNS = "id, name, secret_hash, created_at, models, rpm, tpm, budgets, exp
 LEDGER_COLUMNS = (
     "request_id, key_id, route, model_requested, model_dispatched, provider, deployment, "
     "tokens_in, tokens_out, cost_micros, price_version, ttft_ms, latency_ms, status, attempts, "
-    "created_at"
+    "created_at, tokens_cached, tokens_cache_write, uncharged_micros, hold_id"
 )
+# columns added after the first release, with their SQL type: added to an existing table on
+# start (`alter table ... add column`), 0 in rows written before them
+LEDGER_ADDED = {
+    "tokens_cached": "bigint not null default 0",
+    "tokens_cache_write": "bigint not null default 0",
+    "uncharged_micros": "bigint not null default 0",
+    "hold_id": "text",
+}
+_CREATED = [name.strip() for name in LEDGER_COLUMNS.split(",")].index("created_at")
 
 
 def key_to_row(record: KeyRecord) -> tuple[object, ...]:
@@ -91,7 +123,7 @@ def key_from_row(row: Sequence[object]) -> KeyRecord:
 
 def ledger_to_row(row: LedgerRow) -> tuple[object, ...]:
     values = list(astuple_row(row))
-    values[-1] = to_micros(row.created_at)
+    values[_CREATED] = to_micros(row.created_at)
     return tuple(values)
 
 
@@ -101,8 +133,22 @@ def astuple_row(row: LedgerRow) -> tuple[object, ...]:
 
 def ledger_from_row(values: Sequence[object]) -> LedgerRow:
     fields = list(values)
-    fields[-1] = from_micros(int(fields[-1]))  # type: ignore[call-overload]
+    fields[_CREATED] = from_micros(int(fields[_CREATED]))  # type: ignore[call-overload]
     return LedgerRow(*fields)  # type: ignore[arg-type]
+
+
+def ledger_upsert() -> str:
+    """The `on conflict` clause that lets a final row replace its pending one (SQLite and
+    PostgreSQL spell it alike)."""
+    names = [name.strip() for name in LEDGER_COLUMNS.split(",")][1:]  # all but request_id
+    updates = ", ".join(f"{name} = excluded.{name}" for name in names)
+    return f"on conflict (request_id) do update set {updates}"
+
+
+def id_range(process: str) -> tuple[str, str]:
+    """Bounds (low inclusive, high exclusive) of the ids that begin with a process's prefix
+    (lower-case hex): a range over the primary key, not a scan."""
+    return process, process + "g"
 
 
 def to_micros(moment: datetime) -> int:

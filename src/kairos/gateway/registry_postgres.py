@@ -1,9 +1,15 @@
-"""Keys and the ledger in PostgreSQL (`?prefix=` names the tables; default `gateway`)."""
+"""Keys and the ledger in PostgreSQL (`?prefix=` names the tables; default `gateway`).
+
+A process is marked alive by a row in `<prefix>_processes` and a session advisory lock on its
+id (64 bits), held by a connection of its own until it exits: the server lets go of the lock
+when that session ends, so an id whose lock can be taken is a dead process's."""
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -14,13 +20,21 @@ from kairos.gateway.ledger import LedgerRow
 from kairos.gateway.pg import PostgresPool, split_prefix
 from kairos.gateway.registry import (
     KEY_COLUMNS,
+    LEDGER_ADDED,
     LEDGER_COLUMNS,
+    id_range,
     key_from_row,
     key_to_row,
     ledger_from_row,
     ledger_to_row,
+    ledger_upsert,
     to_micros,
 )
+
+# a process id (16 hex digits) as the bigint of its advisory lock
+_LOCK_KEY = "('x' || {})::bit(64)::bigint"
+# the sessions holding this process's locks, by database: open until it exits
+_HELD: dict[tuple[str, str], psycopg.Connection[Any]] = {}
 
 
 class PostgresRegistry:
@@ -28,6 +42,8 @@ class PostgresRegistry:
         conninfo, prefix = split_prefix(url)
         self.keys_table = f"{prefix}_keys"
         self.ledger_table = f"{prefix}_ledger"
+        self.processes_table = f"{prefix}_processes"
+        self._conninfo = conninfo
         schema = f"""
         create table if not exists {self.keys_table} (
             id text primary key, name text not null, secret_hash text not null,
@@ -42,7 +58,13 @@ class PostgresRegistry:
             created_at bigint not null);
         create index if not exists {self.ledger_table}_key_time
             on {self.ledger_table} (key_id, created_at);
+        create table if not exists {self.processes_table} (
+            id text primary key, attached_at bigint not null);
         """
+        schema += "".join(  # columns a table made by an older kairos lacks
+            f"alter table {self.ledger_table} add column if not exists {name} {kind};"
+            for name, kind in LEDGER_ADDED.items()
+        )
         self._db = PostgresPool(conninfo, schema)
 
     async def _run(self, sql: str, params: Sequence[Any] = (), *, many: bool = False) -> Any:
@@ -87,7 +109,7 @@ class PostgresRegistry:
         marks = ", ".join(["%s"] * len(LEDGER_COLUMNS.split(",")))
         await self._run(
             f"insert into {self.ledger_table} ({LEDGER_COLUMNS}) values ({marks}) "
-            "on conflict (request_id) do nothing",
+            + ledger_upsert(),
             [ledger_to_row(row) for row in rows],
             many=True,
         )
@@ -103,6 +125,58 @@ class PostgresRegistry:
              to_micros(until) if until else 1 << 62],
         )  # fmt: skip
         return [ledger_from_row(row) for row in rows]
+
+    async def attach(self, process: str) -> None:
+        if (self._conninfo, process) not in _HELD:
+            await asyncio.to_thread(self._lock, process)
+        await self._run(
+            f"insert into {self.processes_table} (id, attached_at) values (%s, %s) "
+            "on conflict (id) do nothing",
+            [process, to_micros(datetime.now(UTC))],
+        )
+
+    def _lock(self, process: str) -> None:
+        try:
+            session = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
+            held = session.execute(
+                f"select pg_try_advisory_lock({_LOCK_KEY.format('%s')})", [process]
+            ).fetchone()
+        except psycopg.Error as error:
+            raise AccountingUnavailable(
+                f"the gateway registry (postgres) failed ({type(error).__name__})"
+            ) from None
+        if not held or not held[0]:  # 64 random bits collided with a live process's
+            session.close()
+            raise AccountingUnavailable("this gateway's process id is in use; restart it")
+        _HELD[(self._conninfo, process)] = session
+        atexit.register(session.close)
+
+    async def dead_processes(self) -> list[str]:
+        # a lock taken here is let go of at commit; a live process's cannot be taken
+        pool = await self._db.pool()
+        try:
+            async with pool.connection() as connection, connection.transaction():
+                cursor = await connection.execute(
+                    f"select id from {self.processes_table} "
+                    f"where pg_try_advisory_xact_lock({_LOCK_KEY.format('id')}) order by id"
+                )
+                return [row[0] for row in await cursor.fetchall()]
+        except psycopg.Error as error:
+            raise AccountingUnavailable(
+                f"the gateway registry (postgres) failed ({type(error).__name__})"
+            ) from None
+
+    async def process_rows(self, process: str, since: datetime) -> list[LedgerRow]:
+        rows = await self._run(
+            f"select {LEDGER_COLUMNS} from {self.ledger_table} "
+            "where request_id >= %s and request_id < %s "
+            "and (status = 'pending' or created_at >= %s)",
+            [*id_range(process), to_micros(since)],
+        )
+        return [ledger_from_row(row) for row in rows]
+
+    async def forget(self, process: str) -> None:
+        await self._run(f"delete from {self.processes_table} where id = %s", [process])
 
     async def close(self) -> None:
         await self._db.close()

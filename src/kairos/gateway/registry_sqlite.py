@@ -1,23 +1,36 @@
-"""Keys and the ledger in a SQLite file (the embedded default)."""
+"""Keys and the ledger in a SQLite file (the embedded default).
+
+A process is marked alive by a file of its own beside the database (`<file>-processes/<id>`)
+that it keeps locked (flock) until it exits: the kernel lets go of the lock however the
+process ends, so a file that can be locked is a dead process's."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
+from pathlib import Path
 
 from kairos.gateway.keys import KeyRecord
 from kairos.gateway.ledger import LedgerRow
 from kairos.gateway.registry import (
     KEY_COLUMNS,
+    LEDGER_ADDED,
     LEDGER_COLUMNS,
+    id_range,
     key_from_row,
     key_to_row,
     ledger_from_row,
     ledger_to_row,
+    ledger_upsert,
     to_micros,
 )
 from kairos.gateway.sqlite_thread import SQLiteThread
+
+# marks this process holds, by path: descriptors kept open (and locked) until it exits
+_HELD: dict[str, int] = {}
 
 _SCHEMA = """
 create table if not exists gateway_keys (
@@ -36,9 +49,17 @@ create index if not exists gateway_ledger_key_time on gateway_ledger (key_id, cr
 """
 
 
+def _add_columns(connection: sqlite3.Connection) -> None:
+    """Add the ledger columns a file made by an older kairos lacks."""
+    present = {row[1] for row in connection.execute("pragma table_info(gateway_ledger)")}
+    for name, kind in LEDGER_ADDED.items():
+        if name not in present:
+            connection.execute(f"alter table gateway_ledger add column {name} {kind}")
+
+
 class SQLiteRegistry:
     def __init__(self, path: str) -> None:
-        self._db = SQLiteThread(path, _SCHEMA)
+        self._db = SQLiteThread(path, _SCHEMA, _add_columns)
 
     async def put_key(self, record: KeyRecord) -> None:
         def put(connection: sqlite3.Connection) -> None:
@@ -83,7 +104,8 @@ class SQLiteRegistry:
             connection.execute("begin immediate")
             try:
                 connection.executemany(
-                    f"insert or ignore into gateway_ledger ({LEDGER_COLUMNS}) values ({marks})",
+                    f"insert into gateway_ledger ({LEDGER_COLUMNS}) values ({marks}) "
+                    + ledger_upsert(),
                     [ledger_to_row(row) for row in rows],
                 )
                 connection.execute("commit")
@@ -114,6 +136,59 @@ class SQLiteRegistry:
             return [ledger_from_row(row) for row in rows]
 
         return await self._db.run(read)
+
+    def _processes(self) -> Path | None:
+        return None if self._db.path == ":memory:" else Path(f"{self._db.path}-processes")
+
+    async def attach(self, process: str) -> None:
+        folder = self._processes()
+        if folder is None or str(folder / process) in _HELD:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        # locked under a name no one reads, then renamed: a mark is never seen unlocked
+        hidden = folder / f".{process}"
+        descriptor = os.open(hidden, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        os.replace(hidden, folder / process)
+        _HELD[str(folder / process)] = descriptor
+
+    async def dead_processes(self) -> list[str]:
+        folder = self._processes()
+        if folder is None or not folder.is_dir():
+            return []
+        dead = []
+        for mark in sorted(folder.iterdir()):
+            if mark.name.startswith(".") or str(mark) in _HELD:
+                continue
+            try:
+                descriptor = os.open(mark, os.O_RDWR)
+            except FileNotFoundError:  # forgotten meanwhile by another gateway starting
+                continue
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its process holds it: alive
+            finally:
+                os.close(descriptor)  # lets go of the lock, if taken
+            dead.append(mark.name)
+        return dead
+
+    async def process_rows(self, process: str, since: datetime) -> list[LedgerRow]:
+        def read(connection: sqlite3.Connection) -> list[LedgerRow]:
+            rows = connection.execute(
+                f"select {LEDGER_COLUMNS} from gateway_ledger "
+                "where request_id >= ? and request_id < ? "
+                "and (status = 'pending' or created_at >= ?)",
+                (*id_range(process), to_micros(since)),
+            ).fetchall()
+            return [ledger_from_row(row) for row in rows]
+
+        return await self._db.run(read)
+
+    async def forget(self, process: str) -> None:
+        folder = self._processes()
+        if folder is not None:
+            (folder / process).unlink(missing_ok=True)
 
     async def close(self) -> None:
         await self._db.close()

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from kairos.gateway.accounting import InputParts
 from kairos.gateway.errors import InvalidRequest
 
 
@@ -17,6 +18,16 @@ def _positive(body: dict[str, Any], name: str) -> int | None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise InvalidRequest(f"{name} must be a positive integer, e.g. 256", param=name)
     return value
+
+
+_MOST_CHOICES = 128  # OpenAI's own limit on n
+
+
+def choices(body: dict[str, Any]) -> int:
+    """Answers asked for per prompt (`n`, checked by the check_* functions): each is held and
+    billed as one answer."""
+    n = body.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
 
 
 def _common(body: dict[str, Any], default_max_tokens: int) -> tuple[str, bool, int]:
@@ -33,13 +44,8 @@ def _common(body: dict[str, Any], default_max_tokens: int) -> tuple[str, bool, i
         raise InvalidRequest(
             'stream_options is an object, e.g. {"include_usage": true}', param="stream_options"
         )
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise InvalidRequest(
-            "n must be 1 through the gateway (each request is budgeted as one answer); "
-            "send several requests instead",
-            param="n",
-        )
+    if (_positive(body, "n") or 1) > _MOST_CHOICES:
+        raise InvalidRequest(f"n must be at most {_MOST_CHOICES}", param="n")
     wanted = _positive(body, "max_completion_tokens") or _positive(body, "max_tokens")
     return model, stream, wanted or default_max_tokens
 
@@ -105,7 +111,72 @@ _CONTROLS = frozenset({
 })  # fmt: skip
 
 
+# Parts a model reads as something other than text (every API's name for them), bounded by
+# what the provider bills for one; the bytes of their JSON (a base64 image) are not counted.
+_IMAGES = frozenset({"image_url", "input_image", "image"})
+_FILES = frozenset({"file", "input_file", "document"})
+_MARKS = tuple(f'"type":"{kind}"'.encode() for kind in _IMAGES | _FILES)
+# Responses API fields that bring in input the request does not carry
+_STORED = ("previous_response_id", "conversation")
+_TOOL_KINDS = frozenset({"function", "custom"})  # others (web search, ...) read unbounded input
+
+
+def _read(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k not in _CONTROLS}
+
+
 def input_bytes(body: dict[str, Any]) -> int:
-    """Bytes of what the model reads, as JSON: at least the bytes of its text (escaping only
-    adds), tools and schemas included."""
-    return len(orjson.dumps({k: v for k, v in body.items() if k not in _CONTROLS}))
+    """Bytes of what the model reads as text, as JSON: at least the bytes of its text
+    (escaping only adds), tools and schemas included; images are left out (`input_parts`
+    bounds them)."""
+    raw = orjson.dumps(_read(body))
+    if not any(mark in raw for mark in _MARKS):
+        return len(raw)
+    images: list[Any] = []
+    _walk(_read(body), [], images, [])
+    return len(raw) - sum(len(orjson.dumps(image)) for image in images)
+
+
+def input_parts(body: dict[str, Any]) -> InputParts:
+    """The parts of a request that are not text: images, tool definitions, and the first part
+    whose tokens nothing bounds (a file, stored input), by its field."""
+    tools = body.get("tools")
+    tools = tools if isinstance(tools, list) else []
+    functions = body.get("functions")
+    count = len(tools) + (len(functions) if isinstance(functions, list) else 0)
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object"):
+        count += 1  # a provider may render it as a tool (kairos' Anthropic translation does)
+    unbounded = next((name for name in _STORED if body.get(name)), None)
+    for index, tool in enumerate(tools):
+        if unbounded is None and isinstance(tool, dict) and tool.get("type") not in _TOOL_KINDS:
+            unbounded = f"tools[{index}]"
+    raw = orjson.dumps(_read(body))
+    if not any(mark in raw for mark in _MARKS):
+        return InputParts(0, count, unbounded)
+    images: list[Any] = []
+    files: list[str] = []
+    _walk(_read(body), [], images, files)
+    return InputParts(len(images), count, unbounded or (files[0] if files else None))
+
+
+def _walk(value: Any, path: list[str], images: list[Any], files: list[str]) -> None:
+    """Collect the image parts under `value`, and the fields of its file parts."""
+    if isinstance(value, dict):
+        kind = value.get("type")
+        if kind in _IMAGES:
+            images.append(value)
+            return
+        if kind in _FILES:
+            files.append("".join(path).lstrip("."))
+        for name, item in value.items():
+            if isinstance(item, dict | list):
+                path.append(f".{name}")
+                _walk(item, path, images, files)
+                path.pop()
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if isinstance(item, dict | list):
+                path.append(f"[{index}]")
+                _walk(item, path, images, files)
+                path.pop()

@@ -21,9 +21,15 @@ _RETRIES = 20  # about 0.8 s of pauses in all
 
 
 class SQLiteThread:
-    def __init__(self, path: str, schema: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        schema: str,
+        migrate: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> None:
         self.path = path
         self._schema = schema
+        self._migrate = migrate  # run after the schema, e.g. to add columns a file lacks
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kairos-gateway-db")
         self._connection: sqlite3.Connection | None = None
         self._inline: sqlite3.Connection | None = None
@@ -37,6 +43,8 @@ class SQLiteThread:
             connection.execute("pragma synchronous=normal")
             connection.execute("pragma busy_timeout=30000")
             connection.executescript(self._schema)
+            if self._migrate is not None:
+                self._migrate(connection)
             self._connection = connection
         return self._connection
 
