@@ -316,6 +316,11 @@ class GatewayServer:
         events = message_events(aiter(reply), body["model"], reply.request_id)
         return _SSEReply(((event, False) async for event in events), reply)
 
+    async def count_tokens(self, request: Request) -> Reply:
+        key = await self.gateway.authenticate(presented_key(request))
+        tokens = await self.gateway.count_tokens(key, await read_body(request))
+        return _json({"input_tokens": tokens})
+
     # --- admin -----------------------------------------------------------------------------
 
     def _admin(self, request: Request) -> None:
@@ -416,6 +421,9 @@ class GatewayApp:
             "/v1/embeddings": {"POST": _Route("embeddings", server.embeddings)},
             "/v1/models": {"GET": _Route("models", server.models)},
             "/v1/messages": {"POST": _Route("messages", server.messages, anthropic=True)},
+            "/v1/messages/count_tokens": {
+                "POST": _Route("count_tokens", server.count_tokens, anthropic=True)
+            },
             "/admin/keys": {
                 "POST": _Route("admin_keys", server.create_key),
                 "GET": _Route("admin_keys", server.list_keys),
