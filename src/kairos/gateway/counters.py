@@ -4,7 +4,9 @@ A hold adds the worst case of a call to every counter that applies, in one atomi
 to none of them when any would pass its limit. Settling replaces a hold's amounts with what
 the call really used, once (settling twice, or after the lease ran out, changes nothing). A
 hold that is never settled stays charged in full: that is the lease rule, with nothing to
-sweep but the hold's own record.
+sweep but the hold's own record. Hold records are kept in the store, so the holds of a process
+that died can be settled by the next gateway to start, to what the ledger says its calls
+charged (recovery.py).
 
 Backends (one URL picks one): `sqlite:///file` (one write transaction), `postgresql://`
 (conditional UPDATEs in a fixed order in one transaction), `redis://` (one Lua script).
@@ -42,7 +44,19 @@ class Counters(Protocol):
         its lease ran out (then the full hold stays charged)."""
         ...
 
+    async def orphans(self, process: str) -> list[tuple[str, dict[str, int]]]:
+        """Open holds of a process (ids beginning with its prefix, its budget shares' too),
+        each with what it holds per counter, for recovering a dead process's: `settle` then
+        settles one as that process would have."""
+        ...
+
     async def close(self) -> None: ...
+
+
+def process_holds(process: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """Id ranges (low inclusive, high exclusive) of a process's holds: its calls' (the
+    process's id prefix) and its budget shares' (`share-` and the prefix)."""
+    return (process, process + "g"), ("share-" + process, "share-" + process + "g")
 
 
 def counters_from_url(url: str) -> Counters:

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from kairos.gateway.counters import Line
+from kairos.gateway.counters import Line, process_holds
 from kairos.gateway.errors import AccountingUnavailable
 from kairos.gateway.pg import PostgresPool, split_prefix
 
@@ -104,6 +104,15 @@ class PostgresCounters:
                 f"the gateway's budget store failed while settling ({type(error).__name__})"
             ) from None
         return True
+
+    async def orphans(self, process: str) -> list[tuple[str, dict[str, int]]]:
+        (low, high), (share_low, share_high) = process_holds(process)
+        rows = await self._fetch(
+            f"select id, lines from {self.holds_table} "
+            "where (id >= %s and id < %s) or (id >= %s and id < %s) order by id",
+            [low, high, share_low, share_high],
+        )
+        return [(ident, {counter: held for counter, held in lines}) for ident, lines in rows]
 
     async def _fetch(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
         pool = await self._db.pool()

@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import redis.asyncio as redis
 from redis.exceptions import NoScriptError, RedisError
 
-from kairos.gateway.counters import Line
+from kairos.gateway.counters import Line, process_holds
 from kairos.gateway.errors import AccountingUnavailable
 
 # KEYS: counters..., then the hold. ARGV: n, then limit, amount, ttl_ms per counter, lease_ms.
@@ -119,7 +119,30 @@ class RedisCounters:
         keys = [f"{self.prefix}:h:{hold_id}"] + [self._key(c) for c in counters]
         return bool(await self._script(_SETTLE, keys, [actual[c] for c in counters]))
 
+    async def orphans(self, process: str) -> list[tuple[str, dict[str, int]]]:
+        client, counter_key = self._redis(), self._key("")
+        found = []
+        try:
+            for low, _ in process_holds(process):
+                async for name in client.scan_iter(match=f"{self.prefix}:h:{low}*", count=1000):
+                    fields = await client.hgetall(name)
+                    held = {
+                        _text(field).removeprefix(counter_key): int(amount)
+                        for field, amount in fields.items()
+                        if field  # the '' field only marks the hold as existing
+                    }
+                    found.append((_text(name).removeprefix(f"{self.prefix}:h:"), held))
+        except RedisError as error:
+            raise AccountingUnavailable(
+                f"the gateway's budget store (Redis) failed ({type(error).__name__})"
+            ) from None
+        return sorted(found)
+
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

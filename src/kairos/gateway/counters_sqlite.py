@@ -1,9 +1,10 @@
 """Counters in a SQLite file: a hold is one `BEGIN IMMEDIATE` write transaction of
 conditional upserts, so processes sharing the file never interleave a check with a charge.
 
-The hold records live in this process's memory, not in the file: the process that holds is
-the one that settles, and a record lost with its process is a hold never settled, which the
-lease rule charges in full anyway (the counters already carry the full amount).
+A hold's record is written in the same transaction (`gateway_holds`), and deleted in the one
+that settles it: a process that dies leaves its open holds there for the next gateway to
+start to settle (recovery.py). The process that holds keeps a copy in memory too, so its
+settles read nothing first.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import orjson
 
-from kairos.gateway.counters import Line
+from kairos.gateway.counters import Line, process_holds
 from kairos.gateway.sqlite_thread import SQLiteThread
 
 _SCHEMA = """
@@ -22,6 +23,11 @@ create table if not exists gateway_counters (
     counter text primary key,
     spent integer not null,
     expires_at real                -- epoch seconds after which the row may be dropped
+) without rowid;
+create table if not exists gateway_holds (
+    id text primary key,
+    lines text not null,           -- [[counter, amount], ...] as JSON
+    lease_until real not null
 ) without rowid;
 """
 # Adds the amount unless that passes the limit; a row that does not exist yet is created
@@ -58,6 +64,8 @@ class SQLiteCounters:
             if line.amount > line.limit:
                 return index
 
+        record = orjson.dumps([[x.counter, x.amount] for x in lines]).decode()
+
         def charge(connection: sqlite3.Connection) -> int | None:
             connection.execute("begin immediate")
             try:
@@ -68,6 +76,10 @@ class SQLiteCounters:
                     if cursor.rowcount != 1:
                         connection.execute("rollback")
                         return index
+                connection.execute(
+                    "insert into gateway_holds (id, lines, lease_until) values (?, ?, ?)",
+                    (hold_id, record, lease_until),
+                )
                 self._sweep(connection)
                 connection.execute("commit")
             except BaseException:
@@ -82,24 +94,26 @@ class SQLiteCounters:
         return refused
 
     async def settle(self, hold_id: str, actual: Mapping[str, int]) -> bool:
+        # a hold not in memory may be a dead process's (recovery): its record is in the file
         record = self._holds.pop(hold_id, None)
-        if record is None or record[1] < time.time():
-            return False  # settled already, or its lease ran out: the full hold stays
-        deltas = [(actual.get(c, held) - held, c) for c, held in record[0]]
-        deltas = [(delta, counter) for delta, counter in deltas if delta]
-        if not deltas:
-            return True
 
         def apply(connection: sqlite3.Connection) -> bool:
-            if len(deltas) == 1:  # one statement is atomic by itself
-                connection.execute(
-                    "update gateway_counters set spent = spent + ? where counter = ?", deltas[0]
-                )
-                return True
             connection.execute("begin immediate")
             try:
+                stored = connection.execute(
+                    "delete from gateway_holds where id = ? returning lines, lease_until",
+                    (hold_id,),
+                ).fetchone()
+                held = record
+                if held is None and stored is not None:
+                    held = (tuple((c, a) for c, a in orjson.loads(stored[0])), stored[1])
+                if held is None or held[1] < time.time():
+                    connection.execute("commit")
+                    return False  # settled already, or its lease ran out: the full hold stays
+                deltas = [(actual.get(c, amount) - amount, c) for c, amount in held[0]]
                 connection.executemany(
-                    "update gateway_counters set spent = spent + ? where counter = ?", deltas
+                    "update gateway_counters set spent = spent + ? where counter = ?",
+                    [(delta, counter) for delta, counter in deltas if delta],
                 )
                 connection.execute("commit")
             except BaseException:
@@ -110,6 +124,19 @@ class SQLiteCounters:
 
         return await self._db.run(apply, inline=True)
 
+    async def orphans(self, process: str) -> list[tuple[str, dict[str, int]]]:
+        (low, high), (share_low, share_high) = process_holds(process)
+
+        def read(connection: sqlite3.Connection) -> list[tuple[str, dict[str, int]]]:
+            rows = connection.execute(
+                "select id, lines from gateway_holds "
+                "where (id >= ? and id < ?) or (id >= ? and id < ?) order by id",
+                (low, high, share_low, share_high),
+            ).fetchall()
+            return [(ident, dict(orjson.loads(lines))) for ident, lines in rows]
+
+        return await self._db.run(read)
+
     def _sweep(self, connection: sqlite3.Connection) -> None:
         """Drop expired rate windows, and forget holds whose lease ran out."""
         now = time.time()
@@ -117,6 +144,7 @@ class SQLiteCounters:
             return
         self._last_sweep = now
         connection.execute("delete from gateway_counters where expires_at < ?", (now,))
+        connection.execute("delete from gateway_holds where lease_until < ?", (now,))
         for hold_id in [h for h, (_, lease) in self._holds.items() if lease < now]:
             del self._holds[hold_id]
 

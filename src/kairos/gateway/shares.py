@@ -225,6 +225,19 @@ class SharedCounters:
             self._background(self._release(share))
         return settled
 
+    def store_hold(self, hold_id: str) -> str:
+        """The hold in the store that carries a call's hold: its share's, or its own."""
+        record = self._holds.get(hold_id)
+        return hold_id if record is None else record[0].id
+
+    async def orphans(self, process: str) -> list[tuple[str, dict[str, int]]]:
+        return await self.store.orphans(process)
+
+    async def returned(self) -> None:
+        """Until the shares being given back (or taken) now are done with the store."""
+        if self._work:
+            await asyncio.wait(list(self._work))
+
     async def release(self) -> None:
         """Give back what idle shares reserved (the store then holds exactly what calls used);
         shares with calls open are given back when their last call settles."""

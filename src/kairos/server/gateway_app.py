@@ -477,6 +477,10 @@ class GatewayApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                try:  # recovers the calls of gateway processes that died
+                    await self.gateway.start()
+                except GatewayError as error:  # the first call tries again
+                    logger.error("gateway start failed: %s", error.message)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 try:
