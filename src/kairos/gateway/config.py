@@ -41,10 +41,12 @@ from kairos.gateway.prices import Price, PriceTable, parse_price, shipped_prices
 
 STRATEGIES = ("priority", "weighted", "least-busy", "lowest-latency")
 PROVIDER_KINDS = ("openai", "anthropic")
+# the fields a provider kind may take its output limit in; the first is the default
+TOKEN_FIELDS = {"openai": ("max_completion_tokens", "max_tokens"), "anthropic": ("max_tokens",)}
 _TOP = {
     "host", "port", "admin_key_env", "pepper_env", "registry", "counters", "providers",
     "models", "aliases", "prices", "retries", "breaker", "lease", "stream_drain",
-    "key_cache", "default_max_tokens", "budget_shares",
+    "key_cache", "default_max_tokens", "budget_shares", "body_timeout",
 }  # fmt: skip
 
 
@@ -55,6 +57,12 @@ class ProviderConfig:
     base_url: str
     api_key: str = field(default="", repr=False)  # the secret's value, never shown
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # the field a capped chat call's output limit is sent in (openai kind: max_tokens for
+    # servers that predate max_completion_tokens, e.g. old vLLM or llama.cpp)
+    token_field: str = "max_completion_tokens"
+    # `api_key_env` named a variable that is not set: building the provider fails, while
+    # commands that call no provider (keys, usage) still load the configuration
+    unset_key_env: str = ""
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,7 @@ class GatewayConfig:
     lease: float = 600.0  # seconds a hold may stay open before it is charged in full
     stream_drain: float = 60.0  # seconds upstream is read on after a client disconnects
     key_cache: float = 1.0  # seconds a key's record is reused before it is read again
+    body_timeout: float = 30.0  # seconds a request body may take to arrive (then 408, close)
     # calls' worst cases a process reserves at once per key (gateway/shares.py); 0: none
     budget_shares: int = 16
     default_max_tokens: int = 4096  # forwarded when a request names none
@@ -187,6 +196,7 @@ class GatewayConfig:
             lease=_seconds(raw.get("lease", "10m"), f"{where}.lease"),
             stream_drain=_seconds(raw.get("stream_drain", "60s"), f"{where}.stream_drain"),
             key_cache=_seconds(raw.get("key_cache", "1s"), f"{where}.key_cache"),
+            body_timeout=_seconds(raw.get("body_timeout", "30s"), f"{where}.body_timeout"),
             budget_shares=_int(raw.get("budget_shares", 16), f"{where}.budget_shares", 0),
             default_max_tokens=_int(
                 raw.get("default_max_tokens", 4096), f"{where}.default_max_tokens", 1
@@ -235,11 +245,11 @@ def _store_url(value: Any, base: Path) -> str:
 
 def _provider(name: str, spec: Any, env: Mapping[str, str], where: str) -> ProviderConfig:
     spec = _mapping(spec, where)
-    unknown = set(spec) - {"kind", "base_url", "api_key_env", "headers"}
+    unknown = set(spec) - {"kind", "base_url", "api_key_env", "headers", "token_field"}
     if unknown:
         raise GatewayConfigError(
             f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "
-            "use kind, base_url, api_key_env, headers"
+            "use kind, base_url, api_key_env, headers, token_field"
         )
     kind = spec.get("kind", "openai")
     if kind not in PROVIDER_KINDS:
@@ -248,12 +258,23 @@ def _provider(name: str, spec: Any, env: Mapping[str, str], where: str) -> Provi
     if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
         raise GatewayConfigError(f"{where}.base_url must be an http(s) URL, got {base_url!r}")
     headers = {str(k): str(v) for k, v in _mapping(spec.get("headers"), where).items()}
+    fields = TOKEN_FIELDS[kind]
+    token_field = spec.get("token_field", fields[0])
+    if token_field not in fields:
+        raise GatewayConfigError(
+            f"{where}.token_field must be one of {fields} for a {kind} provider, "
+            f"got {token_field!r}"
+        )
+    key_env = spec.get("api_key_env")
+    unset = key_env if isinstance(key_env, str) and key_env and key_env not in env else ""
     return ProviderConfig(
         name,
         kind,
         base_url.rstrip("/"),
-        _secret(spec.get("api_key_env"), env, f"{where}.api_key_env"),
+        "" if unset else _secret(key_env, env, f"{where}.api_key_env"),
         headers,
+        token_field,
+        unset,
     )
 
 

@@ -195,6 +195,7 @@ class _Connection(asyncio.Protocol):
         self._in_head = False  # between a request's first byte and the end of its headers
         self._head_bytes = 0  # bytes received while a head was incomplete
         self._error: tuple[int, bytes] | None = None  # a bad request after the one answered
+        self._bad: bytes | None = None  # why a callback refused the request being parsed
         self._current: _Cycle | None = None  # the request being parsed
         self._queue: deque[_Cycle] = deque()  # parsed, waiting for the one before to answer
         self._active: _Cycle | None = None  # the request the app is answering
@@ -215,7 +216,9 @@ class _Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
             # an offer to switch protocols (h2c, websocket) is declined by answering in
-            # HTTP/1.1; the bytes after the head are the next request
+            # HTTP/1.1; the bytes after the head are the next request. (A head that offers one
+            # and declares a body was refused in on_headers_complete: httptools stops framing
+            # at the end of an upgrade's head, so its body would be read as another request.)
             if self.parser.get_method() == b"CONNECT":
                 self._refuse(400, b"CONNECT is not supported")
                 return
@@ -225,10 +228,11 @@ class _Connection(asyncio.Protocol):
                 self.data_received(data[offset:])
             return
         except httptools.HttpParserError:  # also what a callback raised, wrapped
+            self._abandon_current()
             if self._head_size > MAX_HEAD:
                 self._refuse(431, b"request head too large")
             else:
-                self._refuse(400, b"invalid HTTP request")
+                self._refuse(400, self._bad or b"invalid HTTP request")
             return
         if self._in_head:  # the parser holds an unfinished head: bound it
             self._head_bytes += len(data)
@@ -264,6 +268,7 @@ class _Connection(asyncio.Protocol):
         self._headers = []
         self._head_size = 0
         self._in_head = True
+        self._bad = None
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -279,6 +284,15 @@ class _Connection(asyncio.Protocol):
             raise _HeadTooLarge()
 
     def on_headers_complete(self) -> None:
+        if self.parser.should_upgrade() and any(
+            name in (b"content-length", b"transfer-encoding") and value.strip() not in (b"", b"0")
+            for name, value in self._headers
+        ):
+            self._bad = b"a request offering a protocol upgrade cannot carry a body"
+            raise _Refused()
+        if self.parser.get_http_version() not in ("1.1", "1.0"):  # 0.9 has no status line
+            self._bad = b"HTTP/1.1 or HTTP/1.0 only"
+            raise _Refused()
         self._in_head = False
         self._head_bytes = 0
         if self._idle is not None:  # a request is here: no idle close until it is answered
@@ -327,6 +341,21 @@ class _Connection(asyncio.Protocol):
             cycle.complete = True
             cycle.wake()
         self._current = None
+
+    def _abandon_current(self) -> None:
+        """The request being parsed is malformed: it will never be whole, so the app must not
+        wait for the rest of its body (nor start on it, when it waits in the queue)."""
+        cycle, self._current = self._current, None
+        if cycle is None:
+            return
+        if cycle in self._queue:
+            self._queue.remove(cycle)
+        elif cycle is self._active and not cycle.response_started:
+            # answer the refusal now, and let the app's receive() see the client gone
+            self._active = None
+            self._queue.clear()
+            self._refuse(400, self._bad or b"invalid HTTP request body")
+            cycle.wake()
 
     # --- requests -------------------------------------------------------------------------
 
@@ -431,6 +460,10 @@ class _Connection(asyncio.Protocol):
 
 class _HeadTooLarge(Exception):
     pass
+
+
+class _Refused(Exception):
+    """Raised in a parser callback to refuse the request (the reason is in `_bad`)."""
 
 
 def _address(value: Any) -> tuple[str, int] | None:
