@@ -280,10 +280,13 @@ def test_harmless_fields_are_dropped_and_user_is_metadata(
     openai_sdk(served).chat.completions.create(
         model="claude", messages=HI, max_tokens=2, user="user-7", service_tier="auto",
         metadata={"team": "a"}, n=1, logprobs=False, response_format={"type": "text"},
+        tool_choice="none", parallel_tool_calls=False,
     )  # fmt: skip
     sent = upstream.received[-1]
     assert sent["metadata"] == {"user_id": "user-7"}
-    assert not {"service_tier", "n", "logprobs", "response_format", "user"} & set(sent)
+    # a tool_choice without tools chooses among nothing (and Anthropic refuses one)
+    dropped = {"service_tier", "n", "logprobs", "response_format", "user", "tool_choice"}
+    assert not dropped & set(sent)
 
 
 def _part(kind: str, **fields: Any) -> list[dict[str, Any]]:
@@ -304,6 +307,7 @@ def _part(kind: str, **fields: Any) -> list[dict[str, Any]]:
         ({"tools": [{"type": "custom", "custom": {"name": "g"}}]}, "tools[0]"),
         ({"tool_choice": {"type": "allowed_tools"}, "tools": [WEATHER]}, "tool_choice"),
         ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format"),
+        ({"tool_choice": "required"}, "tools"),
         ({"messages": _part("input_audio", input_audio={"data": "AA==", "format": "wav"})},
          "messages[0].content[0].type"),
         ({"messages": _part("video", video={})}, "messages[0].content[0].type"),

@@ -402,8 +402,12 @@ def to_anthropic(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("tools"):
         request["tools"] = _anthropic_tools(body["tools"])
     choice = _anthropic_tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))
-    if choice is not None:
+    if choice is not None and body.get("tools"):
         request["tool_choice"] = choice
+    elif choice is not None and choice["type"] not in ("auto", "none"):
+        raise InvalidRequest(f"tool_choice {body['tool_choice']!r} needs tools", param="tools")
+    # without tools, "auto", "none" and parallel_tool_calls choose among nothing: Anthropic
+    # refuses a tool_choice without tools, and the answer is the same without one
     answer = _answer_tools(body.get("response_format"))
     if answer:
         if body.get("tools"):
