@@ -42,7 +42,8 @@ def closing_url(upstream: FakeUpstream) -> Iterator[str]:
     with ServerThread(upstream.app()) as host:
         server, url = host.call(close_delimited(upstream.app()))
         yield url
-        server.close()
+        assert host.loop is not None
+        host.loop.call_soon_threadsafe(server.close)  # on its own loop, before that stops
 
 
 def gateway_config(upstream: FakeUpstream, closing_url: str, tmp_path: Path) -> Any:
