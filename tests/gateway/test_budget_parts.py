@@ -24,10 +24,11 @@ from kairos.gateway import BudgetExceeded, Gateway
 from kairos.gateway.accounting import TOOL_TOKENS, TOOLS_PROMPT_TOKENS, input_bound
 from kairos.gateway.anthropic import usage_as_anthropic, usage_as_openai
 from kairos.gateway.errors import InvalidRequest
-from kairos.gateway.ledger import LedgerRow
+from kairos.gateway.ledger import LedgerRow, summarize
 from kairos.gateway.providers import Usage, openai_usage
 from kairos.gateway.registry import registry_from_url
 from kairos.gateway.requests import input_bytes
+from kairos.gateway.responses import response_usage
 from tests.gateway.conftest import PG_URL, config, deployment, drop_postgres, postgres_available
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream
 
@@ -173,6 +174,7 @@ def test_settling_never_charges_past_the_hold(upstream: FakeUpstream, tmp_path: 
     assert (row.tokens_in, row.tokens_out, row.tokens_cached) == (TOKENS_IN + 50_000, 5, 50_000)
     assert row.cost_micros == held
     assert row.uncharged_micros == TOKENS_IN + 50_000 + 5 - held
+    assert summarize([row])["uncharged_micros"] == row.uncharged_micros  # the usage report
 
 
 def test_files_are_refused_on_keys_with_token_or_usd_limits(
@@ -444,3 +446,44 @@ def test_a_bad_n_is_a_400_naming_it(upstream: FakeUpstream, tmp_path: Path, n: A
     error = asyncio.run(scenario())
     assert error.param == "n"
     assert not upstream.received
+
+
+def test_responses_usage_counts_cached_input() -> None:
+    reported = {"input_tokens": 100, "output_tokens": 5,
+                "input_tokens_details": {"cached_tokens": 60}}  # fmt: skip
+    assert response_usage({"usage": reported}) == Usage(100, 5, cached=60)
+
+
+def wav(byte_rate: int, samples: int = 800) -> dict[str, Any]:
+    """An input_audio part: a mono 8-bit WAV whose header claims `byte_rate` bytes a second."""
+    fmt = struct.pack("<IHHIIHH", 16, 1, 1, byte_rate, byte_rate, 1, 8)
+    data = b"WAVEfmt " + fmt + b"data" + struct.pack("<I", samples) + b"\x80" * samples
+    riff = b"RIFF" + struct.pack("<I", len(data)) + data
+    return {"type": "input_audio",
+            "input_audio": {"data": base64.b64encode(riff).decode(), "format": "wav"}}  # fmt: skip
+
+
+def test_audio_counts_by_its_bytes_unless_its_length_is_unknown(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """A WAV of 8,000 bytes a second is bounded by its bytes (a 0.1 s clip: 1,000 tokens of
+    bound for at most 1 billed); one whose header claims 1 byte a second (800 s of audio in
+    800 bytes) is refused on a budgeted key."""
+    audio = wav(8_000)
+    body = {"model": "chat", "messages": asking(audio), "max_tokens": 5}
+
+    async def scenario() -> InvalidRequest:
+        gateway = gateway_for(upstream, tmp_path)
+        _, key = await gateway.create_key(name="a", budgets=[{"period": "day", "usd": 1}])
+        try:
+            await gateway.chat(key, body)
+            with pytest.raises(InvalidRequest) as caught:
+                await gateway.chat(key, {**body, "messages": asking(wav(1))})
+            return caught.value
+        finally:
+            await gateway.close()
+
+    error = asyncio.run(scenario())
+    assert error.param == "messages[0].content[1]" and "audio" in error.message
+    assert len(upstream.received) == 1
+    assert input_bytes(body) > len(audio["input_audio"]["data"])

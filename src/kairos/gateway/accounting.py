@@ -151,14 +151,18 @@ IMAGE_FRAMING = 16  # the image part's own JSON is left out of the text bytes
 # (a TypeScript namespace) is shorter than the JSON; plus framing per tool.
 TOOLS_PROMPT_TOKENS = 530
 TOOL_TOKENS = 16
-# Audio (input_audio) counts by the bytes of its base64 data, like text: every codec the API
-# takes spends well over one byte per token billed (user audio is billed ~10 tokens a second).
+# Audio (input_audio) counts by the bytes of its base64 data, like text: mp3 spends at least
+# 1,000 bytes a second (8 kbps, its least), a WAV its header's byte rate (checked to be as much:
+# a header can claim one sample a second), and OpenAI bills user audio 1 token per 100 ms
+# (platform.openai.com/docs/guides/realtime-costs).
+AUDIO_LEAST_BYTES_PER_SECOND = 1_000
 
 
 @dataclass(frozen=True, slots=True)
 class InputParts:
     """The parts of a request that are not counted as text: images, tool definitions, and the
-    first part nothing bounds (a file: pages unknown before the call), by its field."""
+    first part nothing bounds, by its field: a file (pages unknown before the call), audio of
+    unknown length, input stored at the provider or fetched by a built-in tool."""
 
     images: int = 0
     tools: int = 0
@@ -191,9 +195,11 @@ def check_bounded(parts: InputParts, key: KeyRecord) -> None:
     """Refuse a part nothing bounds on a key whose token or USD limits a hold must cover."""
     if parts.unbounded is not None and (key.budgets or key.tpm is not None):
         raise InvalidRequest(
-            f"{parts.unbounded} is a file, whose tokens (per page) are unknown before the call, "
-            f"and key {key.id!r} has a budget or a tokens-per-minute limit; send its text or "
-            "images instead, or use a key without token or USD limits",
+            f"{parts.unbounded} brings input whose tokens cannot be bounded before the call "
+            "(a file's pages, audio that is neither mp3 nor a WAV of at least 1,000 bytes a "
+            "second, input stored at the provider, a built-in tool's results), and key "
+            f"{key.id!r} has a budget or a tokens-per-minute limit; send text or images "
+            "instead, or use a key without token or USD limits",
             param=parts.unbounded,
         )
 

@@ -176,5 +176,9 @@ def summarize(rows: Sequence[LedgerRow]) -> dict[str, Any]:
         "cost_micros": sum(r.cost_micros for r in rows),
         "tokens_in": sum(r.tokens_in for r in rows),
         "tokens_out": sum(r.tokens_out for r in rows),
+        "tokens_cached": sum(r.tokens_cached for r in rows),
+        "tokens_cache_write": sum(r.tokens_cache_write for r in rows),
+        # reported beyond what holds covered, so charged to no budget: 0 when bounds hold
+        "uncharged_micros": sum(r.uncharged_micros for r in rows),
         "by_key_and_model": sorted(totals.values(), key=lambda e: (e["key_id"], e["model"])),
     }

@@ -3,11 +3,13 @@ the field and the fix; the caller's body is never echoed back."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 import orjson
 
-from kairos.gateway.accounting import InputParts
+from kairos.gateway.accounting import AUDIO_LEAST_BYTES_PER_SECOND, InputParts
 from kairos.gateway.errors import InvalidRequest
 
 
@@ -44,8 +46,15 @@ def _common(body: dict[str, Any], default_max_tokens: int) -> tuple[str, bool, i
         raise InvalidRequest(
             'stream_options is an object, e.g. {"include_usage": true}', param="stream_options"
         )
-    if (_positive(body, "n") or 1) > _MOST_CHOICES:
-        raise InvalidRequest(f"n must be at most {_MOST_CHOICES}", param="n")
+    n = body.get("n")
+    if n is not None and (
+        not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= _MOST_CHOICES
+    ):
+        raise InvalidRequest(
+            f"n must be an integer from 1 to {_MOST_CHOICES} (answers to generate, each "
+            "billed), e.g. 2",
+            param="n",
+        )
     wanted = _positive(body, "max_completion_tokens") or _positive(body, "max_tokens")
     return model, stream, wanted or default_max_tokens
 
@@ -115,7 +124,8 @@ _CONTROLS = frozenset({
 # what the provider bills for one; the bytes of their JSON (a base64 image) are not counted.
 _IMAGES = frozenset({"image_url", "input_image", "image"})
 _FILES = frozenset({"file", "input_file", "document"})
-_MARKS = tuple(f'"type":"{kind}"'.encode() for kind in _IMAGES | _FILES)
+_AUDIO = "input_audio"
+_MARKS = tuple(f'"type":"{kind}"'.encode() for kind in _IMAGES | _FILES | {_AUDIO})
 # Responses API fields that bring in input the request does not carry
 _STORED = ("previous_response_id", "conversation")
 _TOOL_KINDS = frozenset({"function", "custom"})  # others (web search, ...) read unbounded input
@@ -160,6 +170,23 @@ def input_parts(body: dict[str, Any]) -> InputParts:
     return InputParts(len(images), count, unbounded or (files[0] if files else None))
 
 
+def _slow_audio(part: dict[str, Any]) -> bool:
+    """Audio that may be billed more than a token per byte: not mp3, nor a WAV whose byte rate
+    is at least AUDIO_LEAST_BYTES_PER_SECOND (its text bytes bound it: accounting.py)."""
+    audio = part.get("input_audio")
+    if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
+        return True
+    if audio.get("format") == "mp3":
+        return False
+    try:
+        header = base64.b64decode(audio["data"][:64])
+    except (binascii.Error, ValueError):
+        return True
+    if header[:4] != b"RIFF" or header[8:16] != b"WAVEfmt ":
+        return True
+    return int.from_bytes(header[28:32], "little") < AUDIO_LEAST_BYTES_PER_SECOND
+
+
 def _walk(value: Any, path: list[str], images: list[Any], files: list[str]) -> None:
     """Collect the image parts under `value`, and the fields of its file parts."""
     if isinstance(value, dict):
@@ -167,7 +194,7 @@ def _walk(value: Any, path: list[str], images: list[Any], files: list[str]) -> N
         if kind in _IMAGES:
             images.append(value)
             return
-        if kind in _FILES:
+        if kind in _FILES or (kind == _AUDIO and _slow_audio(value)):
             files.append("".join(path).lstrip("."))
         for name, item in value.items():
             if isinstance(item, dict | list):
