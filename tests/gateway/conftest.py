@@ -99,7 +99,7 @@ def redis_available() -> bool:
 
 def drop_postgres(prefix: str) -> None:
     with psycopg.connect(PG_URL, autocommit=True) as connection:
-        for table in ("counters", "holds", "keys", "ledger"):
+        for table in ("counters", "holds", "keys", "ledger", "processes"):
             connection.execute(f"drop table if exists {prefix}_{table}")
 
 

@@ -241,7 +241,6 @@ def test_a_killed_gateway_leaves_every_dispatched_call_in_the_ledger(
 def test_a_gateway_starting_leaves_a_live_gateways_calls_alone(
     project: Path, upstream: FakeUpstream, stores: tuple[str, str]
 ) -> None:
-    upstream.slow_seconds = 3.0
     first = Served(project)
     second: Served | None = None
     try:

@@ -605,6 +605,8 @@ class Gateway:
         for provider in self.providers.values():
             await provider.close()
         await self.shares.close()  # gives back what shares reserved, closes the counters
+        if self._started:  # all settled and logged: nothing for another gateway to recover
+            await self.registry.detach(PROCESS)
         await self.registry.close()
 
 

@@ -36,7 +36,12 @@ class Registry(Protocol):
     ) -> list[LedgerRow]: ...
 
     async def attach(self, process: str) -> None:
-        """Mark `process` (the id prefix of its requests and holds) alive until it exits."""
+        """Mark `process` (the id prefix of its requests and holds) alive until it exits or
+        detaches as often as it attached."""
+        ...
+
+    async def detach(self, process: str) -> None:
+        """Drop this process's mark, once it left nothing to recover (a clean close)."""
         ...
 
     async def dead_processes(self) -> list[str]:

@@ -33,8 +33,8 @@ from kairos.gateway.registry import (
 
 # a process id (16 hex digits) as the bigint of its advisory lock
 _LOCK_KEY = "('x' || {})::bit(64)::bigint"
-# the sessions holding this process's locks, by database: open until it exits
-_HELD: dict[tuple[str, str], psycopg.Connection[Any]] = {}
+# the sessions holding this process's locks, by database, with how many gateways use each
+_HELD: dict[tuple[str, str], tuple[psycopg.Connection[Any], list[int]]] = {}
 
 
 class PostgresRegistry:
@@ -127,8 +127,11 @@ class PostgresRegistry:
         return [ledger_from_row(row) for row in rows]
 
     async def attach(self, process: str) -> None:
-        if (self._conninfo, process) not in _HELD:
+        held = _HELD.get((self._conninfo, process))
+        if held is None:
             await asyncio.to_thread(self._lock, process)
+        else:
+            held[1][0] += 1
         await self._run(
             f"insert into {self.processes_table} (id, attached_at) values (%s, %s) "
             "on conflict (id) do nothing",
@@ -148,8 +151,20 @@ class PostgresRegistry:
         if not held or not held[0]:  # 64 random bits collided with a live process's
             session.close()
             raise AccountingUnavailable("this gateway's process id is in use; restart it")
-        _HELD[(self._conninfo, process)] = session
+        _HELD[(self._conninfo, process)] = (session, [1])
         atexit.register(session.close)
+
+    async def detach(self, process: str) -> None:
+        held = _HELD.get((self._conninfo, process))
+        if held is None:
+            return
+        session, users = held
+        users[0] -= 1
+        if users[0] == 0:
+            del _HELD[(self._conninfo, process)]
+            await self.forget(process)
+            atexit.unregister(session.close)
+            await asyncio.to_thread(session.close)  # lets go of the lock
 
     async def dead_processes(self) -> list[str]:
         # a lock taken here is let go of at commit; a live process's cannot be taken

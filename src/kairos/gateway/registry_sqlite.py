@@ -29,8 +29,8 @@ from kairos.gateway.registry import (
 )
 from kairos.gateway.sqlite_thread import SQLiteThread
 
-# marks this process holds, by path: descriptors kept open (and locked) until it exits
-_HELD: dict[str, int] = {}
+# marks this process holds, by path: [the descriptor kept open and locked, gateways using it]
+_HELD: dict[str, list[int]] = {}
 
 _SCHEMA = """
 create table if not exists gateway_keys (
@@ -142,7 +142,10 @@ class SQLiteRegistry:
 
     async def attach(self, process: str) -> None:
         folder = self._processes()
-        if folder is None or str(folder / process) in _HELD:
+        if folder is None:
+            return
+        if (held := _HELD.get(str(folder / process))) is not None:
+            held[1] += 1
             return
         folder.mkdir(parents=True, exist_ok=True)
         # locked under a name no one reads, then renamed: a mark is never seen unlocked
@@ -150,7 +153,18 @@ class SQLiteRegistry:
         descriptor = os.open(hidden, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(descriptor, fcntl.LOCK_EX)
         os.replace(hidden, folder / process)
-        _HELD[str(folder / process)] = descriptor
+        _HELD[str(folder / process)] = [descriptor, 1]
+
+    async def detach(self, process: str) -> None:
+        folder = self._processes()
+        held = None if folder is None else _HELD.get(str(folder / process))
+        if folder is None or held is None:
+            return
+        held[1] -= 1
+        if held[1] == 0:
+            del _HELD[str(folder / process)]
+            (folder / process).unlink(missing_ok=True)
+            os.close(held[0])
 
     async def dead_processes(self) -> list[str]:
         folder = self._processes()
