@@ -13,6 +13,7 @@ import anthropic
 import httpx
 import openai
 import orjson
+import pydantic
 import pytest
 import tiktoken
 
@@ -243,6 +244,18 @@ def test_json_schema_is_a_forced_tool_and_its_input_the_answer(
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
 
 
+class Place(pydantic.BaseModel):
+    city: str
+
+
+def test_the_openai_sdks_parse_gets_its_model_from_claude(served: ServerThread) -> None:
+    """`parse` sends a strict json_schema from a pydantic model and reads the content back."""
+    reply = openai_sdk(served).chat.completions.parse(
+        model="claude-tools", messages=HI, response_format=Place, max_tokens=20
+    )
+    assert reply.choices[0].message.parsed == Place(city="Paris")
+
+
 def test_json_object_is_a_forced_tool_taking_any_object(
     served: ServerThread, upstream: FakeUpstream
 ) -> None:
@@ -296,6 +309,7 @@ def _part(kind: str, **fields: Any) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
+        ({"n": 2}, "n"),
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"logit_bias": {"50256": -100}}, "logit_bias"),
