@@ -95,7 +95,7 @@ def test_admin_api_takes_only_the_admin_key(served: ServerThread) -> None:
     assert body["key"] not in listed.text and "secret_hash" not in listed.text
     assert {k["name"] for k in listed.json()["keys"]} == {"test", "team"}
     bad = httpx.post(f"{served.url}/admin/keys", json={"name": "x", "rpm": -1}, headers=admin)
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "rpm"
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "rpm"
     revoked = httpx.delete(f"{served.url}/admin/keys/{body['id']}", headers=admin)
     assert revoked.status_code == 200
     response = post(served, "/v1/chat/completions", body["key"], {"model": "chat", "messages": HI})

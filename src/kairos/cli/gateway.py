@@ -72,7 +72,8 @@ def _with_gateway(project: str, work: Callable[[Any], Awaitable[T]]) -> T:
     from kairos.gateway import Gateway, GatewayConfig
 
     async def main() -> T:
-        gateway = Gateway(GatewayConfig.load(project))
+        # keys and usage call no provider, so they need no provider credentials
+        gateway = Gateway(GatewayConfig.load(project), providers={})
         try:
             return await work(gateway)
         finally:

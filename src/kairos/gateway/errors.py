@@ -9,12 +9,20 @@ from kairos.errors import KairosError, RequestError
 class GatewayError(RequestError):
     """Base of the gateway's errors; `status` and `kind` shape the HTTP answer."""
 
+    retry_after: int | None = None  # seconds until a retry can succeed (a 429's Retry-After)
+
 
 class InvalidRequest(GatewayError, ValueError):
     """The request body is malformed; `param` names the field and the message the fix."""
 
     status = 400
     code = "invalid_request"
+
+
+class InvalidKeySpec(InvalidRequest):
+    """An admin request to create a key has a field of the wrong type or out of its range."""
+
+    status = 422
 
 
 class Unauthenticated(GatewayError, PermissionError):
@@ -48,6 +56,10 @@ class BudgetExceeded(GatewayError, PermissionError):
     kind = "insufficient_quota"
     code = "budget_exceeded"
 
+    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # None: a total budget, which never resets
+
 
 class RateLimited(GatewayError, PermissionError):
     """The key's requests or tokens per minute are used up until the next minute."""
@@ -55,6 +67,10 @@ class RateLimited(GatewayError, PermissionError):
     status = 429
     kind = "rate_limit_error"
     code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: int | None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class PriceUnknown(GatewayError, LookupError):

@@ -13,17 +13,25 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import re
+import reprlib
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from kairos.gateway.errors import InvalidRequest
+from kairos.gateway.errors import InvalidKeySpec
 
 PERIODS = ("minute", "day", "month", "total")
 _KEY = re.compile(r"kgw-([0-9a-f]{12})-([A-Za-z0-9_\-]{43})")
+# the registry stores rpm and tpm in PostgreSQL `integer` columns
+MAX_PER_MINUTE = 2**31 - 1
+# budgets in micro-dollars or tokens: a counter adds a hold to at most twice this, which stays
+# exact in Redis' Lua (doubles, 2**53) and far from SQLite's and PostgreSQL's 64 bits
+MAX_AMOUNT = 10**15
+MAX_USD = MAX_AMOUNT // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +60,12 @@ class KeyRecord:
     budgets: tuple[Budget, ...] = ()
     expires_at: datetime | None = None
     revoked_at: datetime | None = None
+
+    @property
+    def caps_output(self) -> bool:
+        """Whether its calls' output counts against a limit (a budget or tpm): each call is
+        then sent upstream with an explicit output cap, what the hold covers."""
+        return bool(self.budgets) or self.tpm is not None
 
     def allows(self, group: str) -> bool:
         return "*" in self.models or group in self.models
@@ -122,33 +136,36 @@ def revoked(record: KeyRecord, at: datetime) -> KeyRecord:
 
 
 def key_spec(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Check an admin request (or CLI arguments) that creates a key; keyword args of new_key."""
+    """Check an admin request (or CLI arguments) that creates a key; keyword args of new_key.
+    Every error is an InvalidKeySpec (422) naming the field and its valid range.
+
+    >>> key_spec({"name": "ops", "rpm": 60})["rpm"]
+    60
+    """
     unknown = set(body) - {"name", "models", "rpm", "tpm", "budgets", "expires_at"}
     if unknown:
         first = sorted(unknown)[0]
-        raise InvalidRequest(
+        raise InvalidKeySpec(
             f"unknown field {first!r}; use name, models, rpm, tpm, budgets, expires_at", param=first
         )
     name = body.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise InvalidRequest('name is a label of 1-200 characters, e.g. "billing"', param="name")
+        raise InvalidKeySpec('name is a label of 1-200 characters, e.g. "billing"', param="name")
     models = body.get("models", ["*"])
     if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
-        raise InvalidRequest(
+        raise InvalidKeySpec(
             'models is a non-empty list of model groups, e.g. ["chat"] (["*"] for all)',
             param="models",
         )
     spec: dict[str, Any] = {"name": name.strip(), "models": tuple(models)}
     for limit in ("rpm", "tpm"):
         value = body.get(limit)
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 1
-        ):
-            raise InvalidRequest(f"{limit} is a positive integer per minute", param=limit)
+        if value is not None:
+            _integer(value, limit, 1, MAX_PER_MINUTE, "per minute")
         spec[limit] = value
     budgets = body.get("budgets", [])
     if not isinstance(budgets, list):
-        raise InvalidRequest(
+        raise InvalidKeySpec(
             'budgets is a list, e.g. [{"period": "day", "usd": 5}]', param="budgets"
         )
     spec["budgets"] = tuple(_budget(b, f"budgets[{i}]") for i, b in enumerate(budgets))
@@ -159,32 +176,49 @@ def key_spec(body: Mapping[str, Any]) -> dict[str, Any]:
         except ValueError:
             parsed = None
         if parsed is None:
-            raise InvalidRequest(
+            raise InvalidKeySpec(
                 'expires_at is an ISO 8601 time, e.g. "2027-01-01T00:00:00Z"', param="expires_at"
             )
         spec["expires_at"] = parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
     return spec
 
 
+def _integer(value: Any, where: str, low: int, high: int, unit: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise InvalidKeySpec(
+            f"{where} must be an integer from {low} to {high} ({unit}), got {reprlib.repr(value)}",
+            param=where,
+        )
+    return value
+
+
 def _budget(raw: Any, where: str) -> Budget:
     fix = 'a budget is {"period": "day"|"month"|"total", "usd": 5.0, "tokens": 100000}'
     if not isinstance(raw, Mapping) or set(raw) - {"period", "usd", "usd_micros", "tokens"}:
-        raise InvalidRequest(f"{where}: {fix}", param=where)
+        raise InvalidKeySpec(f"{where}: {fix}", param=where)
     period = raw.get("period")
     if period not in ("day", "month", "total"):
-        raise InvalidRequest(f"{where}.period must be day, month or total", param=where)
+        raise InvalidKeySpec(f"{where}.period must be day, month or total", param=f"{where}.period")
     usd = raw.get("usd_micros")
-    if usd is None and raw.get("usd") is not None:
+    if usd is not None:
+        _integer(usd, f"{where}.usd_micros", 0, MAX_AMOUNT, "micro-dollars")
+    elif raw.get("usd") is not None:
         value = raw["usd"]
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise InvalidRequest(f"{where}.usd must be a number of dollars", param=where)
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or not 0 <= value <= MAX_USD
+        ):
+            raise InvalidKeySpec(
+                f"{where}.usd must be a number of dollars from 0 to {MAX_USD}, "
+                f"got {reprlib.repr(value)}",
+                param=f"{where}.usd",
+            )
         usd = round(value * 1_000_000)
     tokens = raw.get("tokens")
-    for label, value in (("usd", usd), ("tokens", tokens)):
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 0
-        ):
-            raise InvalidRequest(f"{where}.{label} must be >= 0", param=where)
+    if tokens is not None:
+        _integer(tokens, f"{where}.tokens", 0, MAX_AMOUNT, "tokens")
     if usd is None and tokens is None:
-        raise InvalidRequest(f"{where}: give usd and/or tokens; {fix}", param=where)
+        raise InvalidKeySpec(f"{where}: give usd and/or tokens; {fix}", param=where)
     return Budget(period, usd, tokens)

@@ -14,18 +14,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from datetime import datetime
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from kairos.errors import did_you_mean
 from kairos.gateway.anthropic import chat_to_message, message_events, messages_to_chat
-from kairos.gateway.errors import GatewayError, InvalidRequest, Unauthenticated
+from kairos.gateway.errors import GatewayError, InvalidRequest, Unauthenticated, UnknownModel
 from kairos.gateway.gateway import Gateway, Stream
 from kairos.gateway.ledger import LedgerRow, period_bound, summarize
 
@@ -33,6 +36,10 @@ logger = logging.getLogger(__name__)
 SETTLE_AFTER = 0.002  # seconds
 
 MAX_BODY = 8 * 1024 * 1024
+# a body not read (over MAX_BODY, or refused before reading) is read and dropped up to this
+# size and for this long before its answer; past either the answer closes the connection
+DRAIN_BYTES = 4 * MAX_BODY
+DRAIN_SECONDS = 10.0
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -133,15 +140,25 @@ def openai_error(error: GatewayError) -> Reply:
             "code": error.code,
         }
     }
-    reply = _json(body, error.status)
+    headers = _error_headers(error)
     if error.status == 401:
-        reply.headers.append((b"www-authenticate", b'Bearer realm="kairos-gateway"'))
-    return reply
+        headers.append((b"www-authenticate", b'Bearer realm="kairos-gateway"'))
+    return Reply(orjson.dumps(body), error.status, headers)
 
 
 def anthropic_error(error: GatewayError) -> Reply:
     kind = _ANTHROPIC_TYPES.get(error.status, "api_error")
-    return _json({"type": "error", "error": {"type": kind, "message": error.message}}, error.status)
+    body = {"type": "error", "error": {"type": kind, "message": error.message}}
+    return Reply(orjson.dumps(body), error.status, _error_headers(error))
+
+
+def _error_headers(error: GatewayError) -> list[tuple[bytes, bytes]]:
+    headers = []
+    if error.retry_after is not None:  # a 429 of a limit that starts again
+        headers.append((b"retry-after", b"%d" % error.retry_after))
+    if isinstance(error, _TooLarge | _BodyTimeout) and error.close:  # body not read to its end
+        headers.append((b"connection", b"close"))
+    return headers
 
 
 class _ClientGone(Exception):
@@ -152,11 +169,12 @@ class Request:
     """What a handler reads of an HTTP request: headers (lower-case names), the query string,
     the part of the path after a route's prefix, and the body (read once, size-checked)."""
 
-    __slots__ = ("_receive", "headers", "method", "path", "rest", "scope")
+    __slots__ = ("_receive", "consumed", "headers", "method", "path", "rest", "scope")
 
     def __init__(self, scope: Scope, receive: Receive, rest: str = "") -> None:
         self.scope = scope
         self._receive = receive
+        self.consumed = False  # the body was read to its end (or its reading stopped for good)
         self.method: str = scope["method"]
         self.path: str = scope["path"]
         self.rest = rest
@@ -168,9 +186,10 @@ class Request:
         return dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1")))
 
     async def body(self) -> bytes:
+        self.consumed = True
         declared = self.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > MAX_BODY:
-            raise _TooLarge()
+            raise _TooLarge(close=not await self._drain(0))
         parts: list[bytes] = []
         size = 0
         while True:
@@ -178,16 +197,45 @@ class Request:
             if message["type"] == "http.disconnect":
                 raise _ClientGone()
             part: bytes = message.get("body", b"")
-            if not message.get("more_body", False) and not parts:
+            more = message.get("more_body", False)
+            if not more and not parts:
                 if len(part) > MAX_BODY:
-                    raise _TooLarge()
+                    raise _TooLarge(close=False)
                 return part  # the usual case: the whole body in one message
             size += len(part)
             if size > MAX_BODY:
-                raise _TooLarge()
+                raise _TooLarge(close=more and not await self._drain(size))
             parts.append(part)
-            if not message.get("more_body", False):
+            if not more:
                 return b"".join(parts)
+
+    async def discard(self) -> bool:
+        """Read the body a handler left unread and drop it (see `_drain`); False: the
+        answer must close the connection."""
+        self.consumed = True
+        declared = self.headers.get("content-length", "")
+        return await self._drain(0) if declared != "0" else True
+
+    async def _drain(self, size: int) -> bool:
+        """Read the rest of the body (`size` bytes read so far) and drop it, so that a
+        client still sending reads its answer rather than a reset. Gives up (False) past
+        DRAIN_BYTES or DRAIN_SECONDS, or when the client waits for 100-continue (it sent
+        nothing yet)."""
+        declared = self.headers.get("content-length", "")
+        if self.headers.get("expect", "").lower() == "100-continue" or (
+            declared.isdigit() and int(declared) > DRAIN_BYTES
+        ):
+            return False
+        with contextlib.suppress(TimeoutError, _BodyTimeout):
+            async with asyncio.timeout(DRAIN_SECONDS):
+                while size <= DRAIN_BYTES:
+                    message = await self._receive()
+                    if message["type"] == "http.disconnect":
+                        raise _ClientGone()
+                    size += len(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        return True
+        return False
 
 
 Handler = Callable[[Request], Awaitable["Reply | _SSEReply"]]
@@ -212,12 +260,59 @@ async def read_body(request: Request) -> dict[str, Any]:
     return body
 
 
+async def _admin_body(request: Request) -> dict[str, Any]:
+    """An admin body, read by the stdlib's parser: a number too big for 64 bits (and NaN or
+    Infinity) then gets a 422 naming its field rather than a 400 for the whole body."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise InvalidRequest("the body is not valid JSON; send a JSON object") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", param="body")
+    return body
+
+
 class _TooLarge(InvalidRequest):
     status = 413
     code = "request_too_large"
 
-    def __init__(self) -> None:
+    def __init__(self, *, close: bool) -> None:
         super().__init__(f"the body is over {MAX_BODY} bytes; send a smaller request")
+        self.close = close  # the body was not read to its end: the connection cannot go on
+
+
+class _BodyTimeout(InvalidRequest):
+    status = 408
+    code = "request_timeout"
+    close = True
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the request body did not arrive within {seconds:g}s; send it at once")
+
+
+class _BodyDeadline:
+    """`receive` with the whole request body due within `seconds` of its head: a body sent a
+    byte at a time cannot hold a connection (and its handler) for ever."""
+
+    __slots__ = ("_deadline", "_receive", "_seconds")
+
+    def __init__(self, receive: Receive, seconds: float) -> None:
+        self._receive = receive
+        self._seconds = seconds
+        self._deadline: float | None = asyncio.get_running_loop().time() + seconds
+
+    async def __call__(self) -> Message:
+        if self._deadline is None:  # the body is in: what is left is waiting for a disconnect
+            return await self._receive()
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                message = await self._receive()
+        except TimeoutError:
+            raise _BodyTimeout(self._seconds) from None
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self._deadline = None
+        return message
 
 
 class _SSEReply:
@@ -283,6 +378,11 @@ class GatewayServer:
         reply = await self.gateway.completion(key, await read_body(request))
         return self._openai(reply)
 
+    async def responses(self, request: Request) -> Reply | _SSEReply:
+        key = await self.gateway.authenticate(presented_key(request))
+        reply = await self.gateway.responses(key, await read_body(request))
+        return self._openai(reply)
+
     async def embeddings(self, request: Request) -> Reply:
         key = await self.gateway.authenticate(presented_key(request))
         return _json(await self.gateway.embedding(key, await read_body(request)))
@@ -290,14 +390,20 @@ class GatewayServer:
     async def models(self, request: Request) -> Reply:
         key = await self.gateway.authenticate(presented_key(request))
         return _json(
-            {
-                "object": "list",
-                "data": [
-                    {"id": name, "object": "model", "created": 0, "owned_by": "kairos-gateway"}
-                    for name in self.gateway.models(key)
-                ],
-            }
+            {"object": "list", "data": [_model_object(name) for name in self.gateway.models(key)]}
         )
+
+    async def model(self, request: Request) -> Reply:
+        key = await self.gateway.authenticate(presented_key(request))
+        name, allowed = request.rest, self.gateway.models(key)
+        # a model the key may not use answers as a missing one: names cannot be probed
+        if name not in allowed:
+            raise UnknownModel(
+                f"no model {name!r} for this key{did_you_mean(name, allowed)}; "
+                "GET /v1/models lists the models it may use",
+                param="model",
+            )
+        return _json(_model_object(name))
 
     def _openai(self, reply: dict[str, Any] | Stream) -> Reply | _SSEReply:
         if not isinstance(reply, Stream):
@@ -333,7 +439,7 @@ class GatewayServer:
 
     async def create_key(self, request: Request) -> Reply:
         self._admin(request)
-        plain, record = await self.gateway.create_key(**await read_body(request))
+        plain, record = await self.gateway.create_key(**await _admin_body(request))
         return _json({**record.public(), "key": plain}, 201)  # the only time it is shown
 
     async def list_keys(self, request: Request) -> Reply:
@@ -364,6 +470,10 @@ class GatewayServer:
         return Reply(
             generate_latest(self.metrics.registry), media_type=b"text/plain; version=0.0.4"
         )
+
+
+def _model_object(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "kairos-gateway"}
 
 
 class _Internal(GatewayError):
@@ -404,9 +514,9 @@ class _Route:
 
 
 class GatewayApp:
-    """The ASGI app: exact paths in one dict, `/admin/keys/{id}` by its prefix; lifespan
-    shutdown settles calls in flight, writes the ledger and closes the stores (with
-    `close_gateway`)."""
+    """The ASGI app: exact paths in one dict, `/admin/keys/{id}` and `/v1/models/{id}` by their
+    prefixes; lifespan shutdown settles calls in flight, writes the ledger and closes the
+    stores (with `close_gateway`)."""
 
     def __init__(self, gateway: Gateway, *, close_gateway: bool = False) -> None:
         self.gateway = gateway
@@ -419,6 +529,7 @@ class GatewayApp:
             "/v1/chat/completions": {"POST": _Route("chat", server.chat)},
             "/v1/completions": {"POST": _Route("completions", server.completions)},
             "/v1/embeddings": {"POST": _Route("embeddings", server.embeddings)},
+            "/v1/responses": {"POST": _Route("responses", server.responses)},
             "/v1/models": {"GET": _Route("models", server.models)},
             "/v1/messages": {"POST": _Route("messages", server.messages, anthropic=True)},
             "/v1/messages/count_tokens": {
@@ -433,6 +544,7 @@ class GatewayApp:
             "/metrics": {"GET": _Route("metrics", server.metrics_endpoint)},
         }
         self.revoke = {"DELETE": _Route("admin_revoke", server.revoke_key)}
+        self.model = {"GET": _Route("model", server.model)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -443,24 +555,36 @@ class GatewayApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
+        receive = _BodyDeadline(receive, self.gateway.config.body_timeout)
         path: str = scope["path"]
-        methods = self.routes.get(path)
+        # routes match `target`; a route's rest is read from `path` (the same up to there)
+        target = _route_target(path, scope.get("raw_path"))
+        if scope["method"] == "HEAD":
+            send = _headless(send)
+        methods = self.routes.get(target)
         rest = ""
         if methods is None:
-            if path.startswith("/admin/keys/") and "/" not in path[12:] and path[12:]:
+            if target.startswith("/admin/keys/") and "/" not in target[12:] and target[12:]:
                 methods, rest = self.revoke, path[12:]
-            elif path.endswith("/") and path.rstrip("/") in self.routes:
-                methods = self.routes[path.rstrip("/")]
+            elif target.startswith("/v1/models/") and target[11:].strip("/"):
+                # model names may hold slashes ("org/model"), sent encoded or not
+                methods, rest = self.model, path[11:]
+            elif target.endswith("/") and target.rstrip("/") in self.routes:
+                methods = self.routes[target.rstrip("/")]
             else:
-                await openai_error(_NotFound(f"no route {scope['method']} {path}"))(receive, send)
+                missing = _NotFound(f"no route {scope['method']} {target}")
+                await _answer(Request(scope, receive), openai_error(missing), receive, send)
                 return
         route = methods.get(scope["method"])
+        if route is None and scope["method"] == "HEAD":
+            route = methods.get("GET")  # HEAD answers as GET does, without the body
+        request = Request(scope, receive, rest)
         if route is None:
             error = _NotAllowed(f"{scope['method']} is not allowed on {path}")
-            await openai_error(error)(receive, send)
+            await _answer(request, openai_error(error), receive, send)
             return
         try:
-            reply = await route.handler(Request(scope, receive, rest))
+            reply = await route.handler(request)
         except GatewayError as error:
             reply = (anthropic_error if route.anthropic else openai_error)(error)
         except _ClientGone:
@@ -471,7 +595,7 @@ class GatewayApp:
                 _Internal(type(error).__name__)
             )
         self.server.metrics.answered(route.name, reply.status, time.perf_counter() - started)
-        await reply(receive, send)
+        await _answer(request, reply, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -492,6 +616,42 @@ class GatewayApp:
                 else:
                     await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+async def _answer(
+    request: Request, reply: Reply | _SSEReply, receive: Receive, send: Send
+) -> None:
+    """Send `reply` once the request is read to its end: a client still sending a body the
+    handler did not read (a 401, a 404...) then reads the answer rather than a reset."""
+    if not request.consumed:
+        try:
+            drained = await request.discard()
+        except _ClientGone:
+            return
+        if not drained:
+            reply.headers.append((b"connection", b"close"))
+    await reply(receive, send)
+
+
+def _route_target(path: str, raw_path: bytes | None) -> str:
+    """The path routes match: `path` (decoded), but an encoded slash stays encoded. It
+    separates no segments, as a proxy's path rules in front read it: `/admin%2fkeys` is not
+    the admin API."""
+    raw = (raw_path or b"").partition(b"?")[0]
+    if b"%2f" not in raw and b"%2F" not in raw:
+        return path
+    return "%2F".join(unquote(part) for part in re.split("%2[fF]", raw.decode("latin-1")))
+
+
+def _headless(send: Send) -> Send:
+    """`send` for a HEAD request: the status and headers (content-length too), no body."""
+
+    async def headless(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
+
+    return headless
 
 
 def create_gateway_app(gateway: Gateway, *, close_gateway: bool = False) -> GatewayApp:
