@@ -57,7 +57,7 @@ _WINDOW = 120.0  # seconds a one-minute rate counter is kept
 class Hold:
     id: str
     lines: tuple[Line, ...]
-    max_tokens: int  # what the call may produce; forwarded upstream
+    max_tokens: int  # what the call may produce; sent upstream when the key needs a cap
     input_tokens: int  # the bound the hold was made with
     price: Price  # the deployment's, which settling bills usage at
 

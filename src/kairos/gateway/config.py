@@ -11,6 +11,8 @@ stores, limits. Read from the `gateway:` section of `kairos.yaml` (or any mappin
         openai: {kind: openai, base_url: "https://api.openai.com/v1", api_key_env: OPENAI_API_KEY}
         claude: {kind: anthropic, base_url: "https://api.anthropic.com",
                  api_key_env: ANTHROPIC_API_KEY}
+        # an OpenAI-compatible server that predates max_completion_tokens (old vLLM, llama.cpp)
+        local: {kind: openai, base_url: "http://127.0.0.1:8000/v1", token_field: max_tokens}
       models:
         chat:
           strategy: priority            # priority | weighted | least-busy | lowest-latency
@@ -22,7 +24,9 @@ stores, limits. Read from the `gateway:` section of `kairos.yaml` (or any mappin
       prices: {my-model: {input: 0.10, output: 0.40}}   # USD per million tokens
 
 Credentials are only ever named here (`api_key_env`); their values are read from the
-environment when the configuration is built and kept out of every repr.
+environment when the configuration is built and kept out of every repr. A provider whose
+variable is unset fails when it is built (serving, calling), not when the configuration is
+read: `kairos gateway keys` and `usage` need no provider credentials.
 """
 
 from __future__ import annotations
@@ -74,7 +78,8 @@ class Deployment:
     model: str
     priority: int = 0
     weight: float = 1.0
-    timeout: float = 60.0
+    timeout: float = 60.0  # seconds each wait for the provider may take (head, each chunk)
+    deadline: float = 600.0  # seconds one attempt may take in all, a whole stream included
     price: Price | None = None
 
     @property
@@ -118,7 +123,10 @@ class GatewayConfig:
     body_timeout: float = 30.0  # seconds a request body may take to arrive (then 408, close)
     # calls' worst cases a process reserves at once per key (gateway/shares.py); 0: none
     budget_shares: int = 16
-    default_max_tokens: int = 4096  # forwarded when a request names none
+    # the output held as a call's worst case when it names no limit. Sent upstream (in the
+    # provider's token_field) only when the key has budgets or tpm, which need a cap; a key
+    # without them sends the client's fields as they came and settles to the usage reported
+    default_max_tokens: int = 4096
 
     @classmethod
     def load(cls, folder: Path | str) -> GatewayConfig:
@@ -309,6 +317,7 @@ def _group(name: str, spec: Any, providers: Mapping[str, ProviderConfig], where:
                 priority=_int(item.get("priority", 0), f"{at}.priority", -(1 << 30)),
                 weight=float(weight),
                 timeout=_seconds(item.get("timeout", "60s"), f"{at}.timeout"),
+                deadline=_seconds(item.get("deadline", "10m"), f"{at}.deadline"),
                 price=parse_price(item["price"], f"{at}.price") if "price" in item else None,
             )
         )

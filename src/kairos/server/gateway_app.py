@@ -4,6 +4,13 @@ routes, Anthropic's `/v1/messages`, and the admin API. Each handler parses, call
 /v1/messages) with a 4xx status naming the field and the fix; never a stack trace, never a
 key. The model comes from the JSON body only: query parameters are not read.
 
+At the edge: routes match the path with an encoded slash kept encoded (`/admin%2fkeys` is a
+404, as a proxy's path rules read it); HEAD answers as GET, without the body; a 429 carries
+Retry-After when its limit starts again (the next minute, UTC day or month; a total budget
+never does, so it has none); a body its handler did not read (a 413, a 401) is read and
+dropped, up to DRAIN_BYTES and DRAIN_SECONDS, so the client reads the answer instead of a
+reset; past that the answer closes the connection.
+
 It is a bare ASGI app, not a framework's: a proxy's whole job is to add nothing, and routing
 by one dict lookup, reading headers from the scope and writing replies straight to `send`
 costs a fraction of a framework's request and response objects and middleware per call.
