@@ -195,6 +195,20 @@ def test_an_encoded_slash_does_not_route(edge: ServerThread, path: str) -> None:
     assert keys(edge) == []
 
 
+def test_an_encoded_slash_inside_a_model_id_is_part_of_it(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    # the openai SDK quotes a model id's slash: only where it separates routes does it not
+    models = {"org/model": {"deployments": [deployment("echo")]}}
+    gateway = Gateway(config(upstream, tmp_path, models=models))
+    with ServerThread(create_gateway_app(gateway)) as server:
+        server.gateway = gateway  # type: ignore[attr-defined]
+        headers = {"authorization": f"Bearer {new_key(server)}"}
+        response = httpx.get(f"{server.url}/v1/models/org%2Fmodel", headers=headers)
+        assert response.status_code == 200 and response.json()["id"] == "org/model"
+        server.call(gateway.close())
+
+
 def test_head_answers_with_gets_head_and_no_body(edge: ServerThread) -> None:
     length = len(httpx.get(f"{edge.url}/healthz").content)
     # a HEAD and then a GET on one connection: any body after the HEAD would break the second
