@@ -107,12 +107,11 @@ class PostgresRegistry:
 
     async def write_rows(self, rows: Sequence[LedgerRow]) -> None:
         marks = ", ".join(["%s"] * len(LEDGER_COLUMNS.split(",")))
-        await self._run(
-            f"insert into {self.ledger_table} ({LEDGER_COLUMNS}) values ({marks}) "
-            + ledger_upsert(),
-            [ledger_to_row(row) for row in rows],
-            many=True,
-        )
+        sql = f"insert into {self.ledger_table} ({LEDGER_COLUMNS}) values ({marks}) "
+        if len(rows) == 1:  # a call's pending row: one statement, no pipeline round
+            await self._run(sql + ledger_upsert(), ledger_to_row(rows[0]))
+            return
+        await self._run(sql + ledger_upsert(), [ledger_to_row(row) for row in rows], many=True)
 
     async def read_rows(
         self, key_id: str | None, since: datetime | None, until: datetime | None

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
+from kairos.gateway.errors import AccountingUnavailable
 from kairos.gateway.keys import KeyRecord
 from kairos.gateway.ledger import LedgerRow
 from kairos.gateway.registry import (
@@ -147,12 +148,18 @@ class SQLiteRegistry:
         if (held := _HELD.get(str(folder / process))) is not None:
             held[1] += 1
             return
-        folder.mkdir(parents=True, exist_ok=True)
         # locked under a name no one reads, then renamed: a mark is never seen unlocked
         hidden = folder / f".{process}"
-        descriptor = os.open(hidden, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        os.replace(hidden, folder / process)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(hidden, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            os.replace(hidden, folder / process)
+        except OSError as error:
+            raise AccountingUnavailable(
+                f"the gateway cannot mark its process alive beside its SQLite registry "
+                f"({error.strerror}); make that folder writable"
+            ) from None
         _HELD[str(folder / process)] = [descriptor, 1]
 
     async def detach(self, process: str) -> None:
