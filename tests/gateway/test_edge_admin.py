@@ -179,6 +179,29 @@ def test_the_largest_values_fit_every_registry(
     ]
 
 
+def test_the_largest_budgets_count_exactly_on_every_counters_backend(
+    upstream: FakeUpstream, tmp_path: Path, counters_url: str
+) -> None:
+    async def scenario() -> list[int]:
+        gateway = Gateway(config(upstream, tmp_path, counters=counters_url, budget_shares=0))
+        try:
+            _, key = await gateway.create_key(
+                name="big", budgets=[{"period": "total", "usd_micros": MAX_AMOUNT,
+                                      "tokens": MAX_AMOUNT}],
+            )  # fmt: skip
+            for _ in range(3):
+                await gateway.chat(key, {"model": "chat", "messages": HI, "max_tokens": 5})
+            await gateway.drain()
+            return await gateway.counters.spent(
+                [f"{key.id}:usd:total:all", f"{key.id}:tok:total:all"]
+            )
+        finally:
+            await gateway.close()
+
+    # 10 in and 5 out a call at a micro-dollar a token, held at the limit's scale and settled
+    assert asyncio.run(scenario()) == [3 * 15, 3 * 15]
+
+
 # --- routing: an encoded slash is no separator; HEAD answers as GET ---------------------------
 
 
