@@ -86,6 +86,25 @@ class Parser:
             self._name = line[6:].strip().decode()
 
 
+def data_type(data: bytes) -> str | None:
+    """The `type` of an event's JSON data, read without decoding it when it comes first (as
+    OpenAI's Responses and Anthropic's events send it).
+
+    >>> data_type(b'{"type":"response.completed","response":{}}')
+    'response.completed'
+    """
+    if data.startswith(b'{"type":"'):
+        end = data.find(b'"', 9)
+        if end > 9 and b"\\" not in data[9:end]:
+            return data[9:end].decode()
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    kind = parsed.get("type") if isinstance(parsed, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def frame(payload: bytes) -> bytes:
     """One SSE frame carrying JSON already encoded."""
     return b"data: " + payload + b"\n\n"

@@ -1,0 +1,118 @@
+"""OpenAI's Responses API (`POST /v1/responses`) through the gateway: the checks of a request
+body, the usage of an answer, and the typed events of a stream. The same keys, allow-lists,
+budgets, failover and ledger apply as to chat; only OpenAI-kind providers serve it.
+
+>>> check_responses({"model": "chat", "input": "Say hi", "max_output_tokens": 64}, 4096)
+('chat', False, 64, 1)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from kairos.gateway import sse
+from kairos.gateway.errors import InvalidRequest
+from kairos.gateway.providers import RESPONSE_ENDS, Usage, openai_usage
+
+# Fields whose input the provider keeps: the gateway could not bound it for the budget, and
+# another deployment (after a failover) would not have it. Each with the fix.
+_KEPT_UPSTREAM = {
+    "previous_response_id": "send the whole conversation in input instead",
+    "conversation": "send the whole conversation in input instead",
+    "prompt": "send the prompt's text in instructions and input instead",
+    "background": "drop it: a background response is billed after the call, out of the "
+    "gateway's sight",
+}
+
+
+def check_responses(body: dict[str, Any], default_max_tokens: int) -> tuple[str, bool, int, int]:
+    """(model, stream, output tokens wanted, input parts) of a Responses request: `input` is a
+    string or a list of input items; `instructions` is one more part."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest('model is required: a model name, e.g. "gpt-4o-mini"', param="model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("stream must be true or false", param="stream")
+    for name, fix in _KEPT_UPSTREAM.items():
+        if body.get(name) not in (None, False):
+            raise InvalidRequest(
+                f"{name} is not supported through the gateway (its input stays with the "
+                f"provider, out of the budget's bound); {fix}",
+                param=name,
+            )
+    wanted = body.get("max_output_tokens")
+    if wanted is not None and (
+        not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 1
+    ):
+        raise InvalidRequest(
+            "max_output_tokens must be a positive integer, e.g. 256", param="max_output_tokens"
+        )
+    given = body.get("input")
+    if isinstance(given, list) and given:
+        for index, item in enumerate(given):
+            if not isinstance(item, dict):
+                raise InvalidRequest(
+                    f'input[{index}] must be an input item, e.g. {{"role": "user", '
+                    '"content": "Hi"}',
+                    param=f"input[{index}]",
+                )
+        parts = len(given)
+    elif isinstance(given, str):
+        parts = 1
+    else:
+        raise InvalidRequest(
+            'input is a string or a non-empty list of input items, e.g. "Say hi" or '
+            '[{"role": "user", "content": "Hi"}]',
+            param="input",
+        )
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise InvalidRequest(
+            'instructions is a string, e.g. "Answer in French"', param="instructions"
+        )
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidRequest(
+            'stream_options is an object, e.g. {"include_obfuscation": false}',
+            param="stream_options",
+        )
+    return model, stream, wanted or default_max_tokens, parts + (instructions is not None)
+
+
+def response_usage(response: Any) -> Usage | None:
+    """Usage of a response object (`usage.input_tokens`, `usage.output_tokens`), when known."""
+    usage = response.get("usage") if isinstance(response, dict) else None
+    if not isinstance(usage, dict) or not isinstance(usage.get("input_tokens"), int):
+        return None
+    # in chat's names, so cached input (input_tokens_details.cached_tokens) is read as chat's
+    return openai_usage({"usage": {
+        "prompt_tokens": usage["input_tokens"], "completion_tokens": usage.get("output_tokens"),
+        "prompt_tokens_details": usage.get("input_tokens_details"),
+    }})  # fmt: skip
+
+
+def event_usage(data: bytes) -> Usage | None:
+    """Usage in a stream event: only its last event (`response.completed`, `.incomplete` or
+    `.failed`) carries one, in `response.usage`."""
+    if sse.data_type(data) not in RESPONSE_ENDS:
+        return None
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return response_usage(event.get("response")) if isinstance(event, dict) else None
+
+
+def error_event(error: dict[str, Any], sequence_number: int) -> dict[str, Any]:
+    """The Responses stream's in-band `error` event for a failure the gateway reports (the
+    `{"error": {...}}` a chat stream ends with)."""
+    return {
+        "type": "error",
+        "code": error.get("code"),
+        "message": error.get("message"),
+        "param": None,
+        "sequence_number": sequence_number,
+    }

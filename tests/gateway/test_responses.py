@@ -1,0 +1,253 @@
+"""The Responses API (`POST /v1/responses`) through the gateway, by the official `openai` SDK
+and raw HTTP: whole and streamed, with the keys, allow-lists, budgets, failover and ledger of
+chat; a stream cut short ends with an `error` event and a non-ok ledger row."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from kairos.gateway import Gateway, Stream
+from kairos.server.gateway_app import create_gateway_app
+from tests.gateway.conftest import PROVIDER_SECRET, config, deployment, new_key
+from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
+
+_OPEN: list[openai.OpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_sdks() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def client(served: ServerThread, key: str) -> openai.OpenAI:
+    sdk = openai.OpenAI(base_url=f"{served.url}/v1", api_key=key, max_retries=0)
+    _OPEN.append(sdk)
+    return sdk
+
+
+def ledger(served: ServerThread) -> list[dict[str, Any]]:
+    gateway: Gateway = served.gateway  # type: ignore[attr-defined]
+    return [row.as_dict() for row in served.call(gateway.usage())]
+
+
+def post(served: ServerThread, key: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(
+        f"{served.url}/v1/responses", json=body, headers={"authorization": f"Bearer {key}"}
+    )
+
+
+def events(raw: str) -> list[tuple[str | None, dict[str, Any]]]:
+    """(event name, data) of each SSE frame of a body."""
+    found = []
+    for frame in raw.strip().split("\n\n"):
+        name, data = None, None
+        for line in frame.split("\n"):
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                data = line[6:]
+        assert data is not None, frame
+        found.append((name, orjson.loads(data)))
+    return found
+
+
+def test_whole_response(served: ServerThread, upstream: FakeUpstream) -> None:
+    sdk = client(served, new_key(served))
+    response = sdk.responses.create(
+        model="chat", input="hi", instructions="be brief", max_output_tokens=3
+    )
+    assert response.output_text == "tok tok tok "
+    assert response.usage is not None
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (TOKENS_IN, 3)
+    sent = upstream.received[-1]
+    assert sent["model"] == "echo" and sent["max_output_tokens"] == 3
+    assert sent["instructions"] == "be brief" and "max_tokens" not in sent
+    assert upstream.headers[-1]["authorization"] == f"Bearer {PROVIDER_SECRET}"
+    [row] = ledger(served)
+    assert (row["route"], row["status"], row["model_requested"]) == ("responses", "ok", "chat")
+    assert (row["tokens_in"], row["tokens_out"], row["cost_micros"]) == (TOKENS_IN, 3, 13)
+
+
+def test_streamed_response(served: ServerThread, upstream: FakeUpstream) -> None:
+    sdk = client(served, new_key(served))
+    input_items: Any = [{"role": "user", "content": "hi"}]
+    stream = sdk.responses.create(model="chat", input=input_items, max_output_tokens=4, stream=True)
+    seen = list(stream)
+    kinds = [event.type for event in seen]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    text = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+    assert text == "tok " * 4
+    last = seen[-1]
+    assert last.type == "response.completed" and last.response.usage is not None
+    assert (last.response.usage.input_tokens, last.response.usage.output_tokens) == (TOKENS_IN, 4)
+    # the upstream is asked for the stream as the client sent it (no chat stream_options)
+    assert upstream.received[-1]["stream"] is True
+    assert "stream_options" not in upstream.received[-1]
+    [row] = ledger(served)
+    assert (row["route"], row["status"], row["tokens_out"], row["cost_micros"]) == (
+        "responses", "ok", 4, 14,
+    )  # fmt: skip
+    assert row["ttft_ms"] is not None
+
+
+def test_stream_frames_are_typed_events_without_done(served: ServerThread) -> None:
+    key = new_key(served)
+    body = {"model": "chat", "input": "hi", "max_output_tokens": 2, "stream": True}
+    reply = post(served, key, body)
+    assert reply.status_code == 200
+    assert "[DONE]" not in reply.text
+    found = events(reply.text)
+    assert all(name == data["type"] for name, data in found)  # `event:` names each frame
+    assert [data["sequence_number"] for _, data in found] == list(range(len(found)))
+    assert found[-1][0] == "response.completed"
+
+
+@pytest.mark.parametrize("mode", ["cut", "truncated", "broken"])
+def test_stream_cut_short_ends_with_an_error_event(
+    served: ServerThread, upstream: FakeUpstream, mode: str
+) -> None:
+    upstream.behaviour["echo"] = mode
+    key = new_key(served)
+    body = {"model": "chat", "input": "hi", "max_output_tokens": 5, "stream": True}
+    reply = post(served, key, body)
+    found = events(reply.text)
+    name, last = found[-1]
+    assert name == "error" and last["type"] == "error", found
+    assert last["code"] == "upstream_error" and last["message"]
+    assert last["sequence_number"] == len(found) - 1
+    assert not any(data["type"] == "response.completed" for _, data in found)
+    assert PROVIDER_SECRET not in reply.text  # `broken` quotes the credential it was sent
+    [row] = ledger(served)
+    assert row["status"] == "upstream_error"
+    # no usage arrived: the call is charged as held (input bound + max_output_tokens)
+    assert row["tokens_out"] == 5 and row["cost_micros"] > 5
+
+
+def test_sdk_sees_a_cut_stream_end_without_completion(
+    served: ServerThread, upstream: FakeUpstream
+) -> None:
+    upstream.behaviour["echo"] = "truncated"
+    sdk = client(served, new_key(served))
+    stream = sdk.responses.create(model="chat", input="hi", max_output_tokens=4, stream=True)
+    kinds = [event.type for event in stream]
+    assert kinds[-1] == "error" and "response.completed" not in kinds
+
+
+def test_failed_response_is_passed_on_billed_and_logged(
+    served: ServerThread, upstream: FakeUpstream
+) -> None:
+    upstream.behaviour["echo"] = "failing"
+    key = new_key(served)
+    body = {"model": "chat", "input": "hi", "max_output_tokens": 3, "stream": True}
+    found = events(post(served, key, body).text)
+    assert found[-1][0] == "response.failed"
+    assert found[-1][1]["response"]["error"]["message"] == "scripted failure"
+    [row] = ledger(served)
+    assert row["status"] == "upstream_error"
+    assert (row["tokens_in"], row["tokens_out"]) == (TOKENS_IN, 3)  # its usage bills it
+
+
+def test_budget_bounds_input_and_clamps_max_output_tokens(
+    served: ServerThread, upstream: FakeUpstream
+) -> None:
+    key = new_key(served, budgets=[{"period": "total", "tokens": 1000}])
+    reply = post(served, key, {"model": "chat", "input": "hi", "max_output_tokens": 100_000})
+    assert reply.status_code == 200, reply.text
+    sent = upstream.received[-1]["max_output_tokens"]
+    assert 0 < sent < 1000  # clamped to what the budget covers beyond the input bound
+    # instructions count toward the input bound: 2,000 bytes cannot fit in what is left
+    refused = post(served, key, {"model": "chat", "input": "hi", "instructions": "x" * 2000})
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "budget_exceeded"
+    items = [{"role": "user", "content": "y" * 2000}]
+    assert post(served, key, {"model": "chat", "input": items}).status_code == 429
+
+
+def test_no_cap_is_added_when_no_budget_needs_one(
+    served: ServerThread, upstream: FakeUpstream
+) -> None:
+    reply = post(served, new_key(served), {"model": "chat", "input": "hi"})
+    assert reply.status_code == 200, reply.text
+    assert "max_output_tokens" not in upstream.received[-1]
+
+
+def test_allow_list_and_anthropic_deployments(served: ServerThread) -> None:
+    key = new_key(served, models=["other", "claude"])
+    denied = post(served, key, {"model": "chat", "input": "hi"})
+    assert denied.status_code == 403 and denied.json()["error"]["param"] == "model"
+    assert post(served, key, {"model": "other", "input": "hi"}).status_code == 200
+    # an Anthropic-kind deployment cannot serve the Responses API: said, not dropped
+    claude = post(served, key, {"model": "claude", "input": "hi"})
+    assert claude.status_code == 400
+    error = claude.json()["error"]
+    assert error["code"] == "unsupported_route" and "responses" in error["message"]
+    routes = sorted((row["route"], row["status"]) for row in ledger(served))
+    assert ("responses", "ok") in routes and ("responses", "unsupported_route") in routes
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "chat"}, "input"),
+        ({"model": "chat", "input": []}, "input"),
+        ({"model": "chat", "input": ["hi"]}, "input[0]"),
+        ({"model": "chat", "input": "hi", "instructions": 3}, "instructions"),
+        ({"model": "chat", "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        (
+            {"model": "chat", "input": "hi", "previous_response_id": "resp_1"},
+            "previous_response_id",
+        ),
+        ({"model": "chat", "input": "hi", "background": True}, "background"),
+        ({"input": "hi"}, "model"),
+    ],
+)
+def test_bad_bodies_name_the_field(
+    served: ServerThread, upstream: FakeUpstream, body: dict[str, Any], param: str
+) -> None:
+    reply = post(served, new_key(served), body)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == param
+    assert upstream.received == []
+
+
+def test_failover_to_the_next_deployment(upstream: FakeUpstream, tmp_path: Path) -> None:
+    models = {"chat": {"deployments": [deployment("fail"), deployment("echo")]}}
+    gateway = Gateway(config(upstream, tmp_path, models=models))
+    with ServerThread(create_gateway_app(gateway), kairos=True) as server:
+        server.gateway = gateway  # type: ignore[attr-defined]
+        key = new_key(server)
+        reply = post(server, key, {"model": "chat", "input": "hi", "max_output_tokens": 2})
+        assert reply.status_code == 200, reply.text
+        assert [body["model"] for body in upstream.received] == ["fail", "echo"]
+        [row] = ledger(server)
+        assert (row["attempts"], row["deployment"], row["status"]) == (2, "echo", "ok")
+        server.call(gateway.close())
+
+
+def test_in_process_stream(upstream: FakeUpstream, tmp_path: Path) -> None:
+    async def scenario() -> tuple[list[str], list[Any]]:
+        gateway = Gateway(config(upstream, tmp_path))
+        try:
+            plain, _ = await gateway.create_key(name="graph")
+            body = {"model": "chat", "input": "hi", "max_output_tokens": 2, "stream": True}
+            stream = await gateway.responses(plain, body)
+            assert isinstance(stream, Stream)
+            kinds = [event["type"] async for event in stream]
+            return kinds, await gateway.usage()
+        finally:
+            await gateway.close()
+
+    kinds, rows = asyncio.run(scenario())
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    [row] = rows
+    assert (row.route, row.status, row.tokens_out) == ("responses", "ok", 2)
