@@ -18,6 +18,7 @@ import pytest
 import tiktoken
 
 from kairos.gateway import Gateway
+from kairos.gateway.anthropic import from_anthropic
 from kairos.server.gateway_app import create_gateway_app
 from tests.gateway.conftest import PROVIDER_SECRET, config, deployment, new_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
@@ -267,6 +268,16 @@ def test_json_object_is_a_forced_tool_taking_any_object(
     sent = upstream.received[-1]
     assert sent["tool_choice"] == {"type": "tool", "name": "json_answer"}
     assert sent["tools"][0]["input_schema"] == {"type": "object"}
+
+
+@pytest.mark.parametrize(
+    ("stop", "finish"),
+    [("end_turn", "stop"), ("max_tokens", "length"), ("refusal", "content_filter"),
+     ("model_context_window_exceeded", "length")],
+)  # fmt: skip
+def test_stop_reasons_become_finish_reasons(stop: str, finish: str) -> None:
+    reply = {"id": "msg_1", "content": [{"type": "text", "text": "x"}], "stop_reason": stop}
+    assert from_anthropic(reply)["choices"][0]["finish_reason"] == finish
 
 
 def test_images_become_anthropic_image_sources(

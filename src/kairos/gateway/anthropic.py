@@ -60,6 +60,8 @@ _STOP = {
     "stop_sequence": "stop",
     "max_tokens": "length",
     "tool_use": "tool_calls",
+    "refusal": "content_filter",
+    "model_context_window_exceeded": "length",
 }
 _FINISH = {
     "stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
