@@ -203,10 +203,7 @@ def test_allow_list_and_anthropic_deployments(served: ServerThread) -> None:
         ({"model": "chat", "input": ["hi"]}, "input[0]"),
         ({"model": "chat", "input": "hi", "instructions": 3}, "instructions"),
         ({"model": "chat", "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
-        (
-            {"model": "chat", "input": "hi", "previous_response_id": "resp_1"},
-            "previous_response_id",
-        ),
+        ({"model": "chat", "input": "hi", "prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"model": "chat", "input": "hi", "background": True}, "background"),
         ({"input": "hi"}, "model"),
     ],
@@ -218,6 +215,26 @@ def test_bad_bodies_name_the_field(
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == param
     assert upstream.received == []
+
+
+def test_parts_the_budget_cannot_bound(served: ServerThread, upstream: FakeUpstream) -> None:
+    """Images count at their worst case; stored input and built-in tools are refused on a key
+    with limits, and forwarded for a key without."""
+    limited = new_key(served, budgets=[{"period": "total", "tokens": 1000}])
+    image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+    text = {"type": "input_text", "text": "what is it?"}
+    assert post(served, limited, {"model": "chat", "input": "hi"}).status_code == 200
+    items = [{"role": "user", "content": [text, image]}]
+    refused = post(served, limited, {"model": "chat", "input": items})
+    assert refused.status_code == 429, refused.text  # a few bytes, an image's worth of tokens
+    stored = {"model": "chat", "input": "go on", "previous_response_id": "resp_1"}
+    searching = {"model": "chat", "input": "news?", "tools": [{"type": "web_search"}]}
+    for body, param in ((stored, "previous_response_id"), (searching, "tools[0]")):
+        reply = post(served, limited, body)
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+    sent = len(upstream.received)
+    assert post(served, new_key(served), stored).status_code == 200
+    assert upstream.received[sent]["previous_response_id"] == "resp_1"
 
 
 def test_failover_to_the_next_deployment(upstream: FakeUpstream, tmp_path: Path) -> None:

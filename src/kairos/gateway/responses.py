@@ -16,11 +16,11 @@ from kairos.gateway import sse
 from kairos.gateway.errors import InvalidRequest
 from kairos.gateway.providers import RESPONSE_ENDS, Usage, openai_usage
 
-# Fields whose input the provider keeps: the gateway could not bound it for the budget, and
-# another deployment (after a failover) would not have it. Each with the fix.
-_KEPT_UPSTREAM = {
-    "previous_response_id": "send the whole conversation in input instead",
-    "conversation": "send the whole conversation in input instead",
+# Fields the gateway cannot account for, each with the fix: a stored prompt's text is not
+# in the request (nor in another account's deployment, after a failover), a background
+# response is billed after the call. (Stored conversations, previous_response_id and
+# conversation, are refused on keys with limits only: requests.input_parts.)
+_UNACCOUNTED = {
     "prompt": "send the prompt's text in instructions and input instead",
     "background": "drop it: a background response is billed after the call, out of the "
     "gateway's sight",
@@ -36,11 +36,11 @@ def check_responses(body: dict[str, Any], default_max_tokens: int) -> tuple[str,
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be true or false", param="stream")
-    for name, fix in _KEPT_UPSTREAM.items():
+    for name, fix in _UNACCOUNTED.items():
         if body.get(name) not in (None, False):
             raise InvalidRequest(
-                f"{name} is not supported through the gateway (its input stays with the "
-                f"provider, out of the budget's bound); {fix}",
+                f"{name} is not supported through the gateway (what it costs is out of the "
+                f"gateway's sight); {fix}",
                 param=name,
             )
     wanted = body.get("max_output_tokens")
