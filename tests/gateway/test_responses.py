@@ -176,9 +176,13 @@ def test_budget_bounds_input_and_clamps_max_output_tokens(
 def test_no_cap_is_added_when_no_budget_needs_one(
     served: ServerThread, upstream: FakeUpstream
 ) -> None:
-    reply = post(served, new_key(served), {"model": "chat", "input": "hi"})
-    assert reply.status_code == 200, reply.text
-    assert "max_output_tokens" not in upstream.received[-1]
+    for key in (new_key(served), new_key(served, rpm=100)):  # requests per minute bound no output
+        reply = post(served, key, {"model": "chat", "input": "hi"})
+        assert reply.status_code == 200, reply.text
+        assert "max_output_tokens" not in upstream.received[-1]
+    capped = new_key(served, tpm=100_000)
+    assert post(served, capped, {"model": "chat", "input": "hi"}).status_code == 200
+    assert upstream.received[-1]["max_output_tokens"] == 4096  # default_max_tokens, held
 
 
 def test_allow_list_and_anthropic_deployments(served: ServerThread) -> None:

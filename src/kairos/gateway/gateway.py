@@ -721,8 +721,8 @@ class _Call:
         body = {**self.body, "model": deployment.model}
         if self.kind in _TOKEN_FIELD:
             self._cap(body, deployment, hold.max_tokens // self.answers)
-        elif self.kind == "responses" and ("max_output_tokens" in self.body or hold.lines):
-            body["max_output_tokens"] = hold.max_tokens  # what the budget covers
+        elif self.kind == "responses" and (self.key.caps_output or "max_output_tokens" in body):
+            body["max_output_tokens"] = hold.max_tokens  # the client's, or what budgets cover
         if self.kind != "responses":  # a Responses call's stream_options are the client's
             body.pop("stream_options", None)
         return body
