@@ -98,8 +98,10 @@ class Stream:
         request_id: str,
         settle_after: float = 0.0,
         secrets: Secrets | None = None,
+        deadline: float | None = None,
     ) -> None:
         self.request_id = request_id
+        self._ends_by = deadline  # loop time the attempt must end by, the stream included
         self._settle_after = settle_after
         self._secrets = secrets or Secrets(())
         self.include_usage = include_usage
@@ -125,10 +127,10 @@ class Stream:
         scrub = self._secrets.scrub  # a provider may quote the key it was sent in any event
         arrive(scrub(first))
         try:
-            async with asyncio.timeout(None) as deadline:
+            async with asyncio.timeout_at(self._ends_by) as deadline:
                 self._deadline = deadline
                 if self._client_gone:
-                    deadline.reschedule(asyncio.get_running_loop().time() + self._drain)
+                    self._cut_after(self._drain)
                 async for chunk in upstream:
                     usage = self._usage(chunk) or usage
                     if not self._client_gone:
@@ -138,7 +140,12 @@ class Stream:
             message = scrub(error.message)
             arrive({"error": {"message": message, "type": error.kind, "code": error.code}})
         except TimeoutError:
-            status = "drain_timeout"
+            if self._client_gone:
+                status = "drain_timeout"
+            else:  # the attempt's deadline: the client is told, the call billed in full
+                status = "deadline_exceeded"
+                arrive({"error": {"message": "the provider's stream ran past the deployment's "
+                                  "deadline", "type": "api_error", "code": status}})  # fmt: skip
         except Exception as error:  # never leave the client or the hold hanging
             status = "internal_error"
             arrive(
@@ -171,11 +178,16 @@ class Stream:
     def client_left(self) -> None:
         """The client is gone: read on only until the usage arrives or `drain` runs out."""
         self._client_gone = True
-        if self._deadline is not None:
-            self._deadline.reschedule(asyncio.get_running_loop().time() + self._drain)
+        self._cut_after(self._drain)
         waiter = self._waiter  # a reader waiting for chunks stops
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _cut_after(self, seconds: float) -> None:
+        """Stop reading the upstream in `seconds` (or at the attempt's deadline, if sooner)."""
+        if self._deadline is not None:
+            when = asyncio.get_running_loop().time() + seconds
+            self._deadline.reschedule(when if self._ends_by is None else min(when, self._ends_by))
 
     def _hidden(self, chunk: bytes) -> bool:
         """The usage-only chunk the gateway asked for when the client did not."""
@@ -763,9 +775,19 @@ class _Call:
         self.deployment = deployment
         body = self._upstream_body(deployment, hold)
         sent = time.perf_counter()
+        ends_by = asyncio.get_running_loop().time() + deployment.deadline
         if not self.stream:
             try:
-                reply = await provider.send(self.kind, body, deployment.timeout)
+                async with asyncio.timeout_at(ends_by):
+                    reply = await provider.send(self.kind, body, deployment.timeout)
+            except TimeoutError:  # the attempt's deadline: the provider may have served it
+                await self._settle(hold, None, accepted=True)
+                self.gateway.router.finished(deployment, "failed", 0.0)
+                raise UpstreamError(
+                    f"provider {provider.name!r} did not answer within the deployment's "
+                    f"deadline ({deployment.deadline:g}s)", status=504, accepted=True,
+                    retryable=False,  # the attempt's time is spent, and it may be billed
+                ) from None  # fmt: skip
             except UpstreamError as error:
                 await self._settle(hold, None, accepted=error.accepted)
                 self.gateway.router.finished(
@@ -788,7 +810,8 @@ class _Call:
             return reply
         upstream = provider.stream(self.kind, body, deployment.timeout).__aiter__()
         try:
-            first = await asyncio.wait_for(upstream.__anext__(), deployment.timeout)
+            wait = min(deployment.timeout, deployment.deadline)
+            first = await asyncio.wait_for(upstream.__anext__(), wait)
         except (UpstreamError, TimeoutError, StopAsyncIteration) as error:
             with contextlib.suppress(Exception):
                 await upstream.aclose()  # type: ignore[attr-defined]
@@ -828,6 +851,7 @@ class _Call:
             on_end=on_end,
             request_id=self.request_id,
             secrets=self.gateway.secrets,
+            deadline=ends_by,
         )
         self.gateway._track(result.task)
         return result

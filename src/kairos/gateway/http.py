@@ -1,7 +1,13 @@
 """A small HTTP/1.1 client for upstream calls: keep-alive connections per origin on asyncio
 protocols, responses parsed by httptools (the C parser uvicorn uses), bodies read whole or
 streamed as they arrive. It does only what the gateway needs (POST JSON, TLS, content-length and
-chunked bodies) at a fraction of a general client's cost per call.
+chunked bodies, HTTP(S)_PROXY and NO_PROXY) at a fraction of a general client's cost per call
+(bench/gateway.py measures it against httpx in the same run).
+
+A request is never sent twice: once its bytes may have reached the upstream, a failure is the
+caller's (a retry could bill the call twice). Pooled connections are dropped after `IDLE_EXPIRY`
+seconds unused (before a server's usual 5 s keep-alive ends them under a request) and after
+`MAX_AGE` seconds in all (so a changed DNS answer or a drained upstream is picked up).
 
 >>> client = HTTPClient()  # doctest: +SKIP
 >>> response = await client.request("POST", "https://x.example/v1", {}, b"{}", 30)  # doctest: +SKIP
@@ -11,16 +17,21 @@ chunked bodies) at a fraction of a general client's cost per call.
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
+import time
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from typing import cast
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httptools
 
 from kairos.errors import KairosError
 
 _IDLE_PER_ORIGIN = 256
+IDLE_EXPIRY = 4.0  # seconds a pooled connection may wait unused
+MAX_AGE = 300.0  # seconds a connection is reused for, from its opening
 _END = b""
 
 
@@ -43,10 +54,17 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.closed = False
         self.keep_alive = False
+        self.opened = time.monotonic()
+        self.idle_since = self.opened
+        self.tunnel: asyncio.StreamWriter | None = None  # a proxy's CONNECT tunnel, when in one
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+
+    def eof_received(self) -> bool | None:
+        self.closed = True  # the upstream ended the connection: it is never reused
+        return None
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -97,7 +115,10 @@ class _Connection(asyncio.Protocol):
         return self.head
 
     def reusable(self) -> bool:
-        return self.complete and not self.closed and self.keep_alive
+        return (
+            self.complete and not self.closed and self.keep_alive
+            and time.monotonic() - self.opened < MAX_AGE
+        )  # fmt: skip
 
     def close(self) -> None:
         self.closed = True
@@ -179,7 +200,7 @@ class Response:
     """Status and headers; the body is read with `read()` or `lines()`, once."""
 
     def __init__(
-        self, client: HTTPClient, origin: tuple[str, int, bool], connection: _Connection,
+        self, client: HTTPClient, origin: Origin, connection: _Connection,
         timeout: float,
     ) -> None:  # fmt: skip
         self._client = client
@@ -230,11 +251,66 @@ class Response:
             connection.close()
 
 
+class _Proxy:
+    """A forward proxy: its address and, when its URL has credentials, their header value."""
+
+    __slots__ = ("authorization", "host", "port")
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 8080
+        self.authorization: str | None = None
+        if parts.username is not None:
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            self.authorization = "Basic " + base64.b64encode(pair.encode()).decode()
+
+
+# (host, port, tls, proxied): connections are pooled per origin and per route to it
+Origin = tuple[str, int, bool, bool]
+
+
+class _Target:
+    """What a URL resolves to once: the pool it uses, the request target and host header,
+    the proxy on the way (HTTP_PROXY/HTTPS_PROXY unless NO_PROXY names the host)."""
+
+    __slots__ = ("extra", "netloc", "origin", "path", "proxy")
+
+    def __init__(self, url: str, proxies: Mapping[str, str]) -> None:
+        parts = urlsplit(url)
+        tls = parts.scheme == "https"
+        host = parts.hostname or "127.0.0.1"
+        port = parts.port or (443 if tls else 80)
+        self.netloc = host if parts.port is None else f"{host}:{port}"
+        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        proxy_url = proxies.get("https" if tls else "http")
+        bypass = bool(proxies.get("no")) and urllib.request.proxy_bypass_environment(  # type: ignore[attr-defined]
+            self.netloc, {"no": proxies["no"]}
+        )
+        self.proxy = _Proxy(proxy_url) if proxy_url and not bypass else None
+        self.origin: Origin = (host, port, tls, self.proxy is not None)
+        self.extra = ""  # headers a plain-HTTP proxy needs on every request
+        if self.proxy is not None and not tls:
+            self.path = f"http://{self.netloc}{self.path}"  # absolute form, for the proxy
+            if self.proxy.authorization:
+                self.extra = f"proxy-authorization: {self.proxy.authorization}\r\n"
+
+
 class HTTPClient:
-    def __init__(self) -> None:
-        self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
-        self._targets: dict[str, tuple[tuple[str, int, bool], str, str]] = {}
-        self._ssl: ssl.SSLContext | None = None
+    """Keep-alive connections per origin. `proxies` maps "http"/"https"/"no" to proxy URLs and
+    the NO_PROXY list (default: the HTTP_PROXY, HTTPS_PROXY and NO_PROXY environment
+    variables, read when the client is made); `ssl_context` verifies TLS upstreams (default:
+    the system's trust store)."""
+
+    def __init__(
+        self, *, proxies: Mapping[str, str] | None = None, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._targets: dict[str, _Target] = {}
+        self._ssl = ssl_context
+        self._proxies = dict(
+            urllib.request.getproxies_environment() if proxies is None else proxies
+        )
 
     async def request(
         self,
@@ -246,75 +322,104 @@ class HTTPClient:
         *,
         connect_timeout: float = 5.0,
     ) -> Response:
-        """Send a request; return once the response's headers arrived."""
-        origin, path, netloc = self._target(url)
-        lines = [f"{method} {path} HTTP/1.1", f"host: {netloc}", f"content-length: {len(body)}"]
+        """Send a request; return once the response's headers arrived. `timeout` bounds each
+        wait for the upstream (the head, then each piece of the body); the gateway bounds a
+        whole attempt (Deployment.deadline)."""
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = _Target(url, self._proxies)
+        lines = [
+            f"{method} {target.path} HTTP/1.1", f"host: {target.netloc}",
+            f"content-length: {len(body)}",
+        ]  # fmt: skip
         lines += [f"{name}: {value}" for name, value in headers.items()]
-        raw = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-        reused = True
-        connection = self._idle_connection(origin)
+        raw = ("\r\n".join(lines) + "\r\n" + target.extra + "\r\n").encode("latin-1") + body
+        connection = self._idle_connection(target.origin)
         if connection is None:
-            reused = False
-            connection = await self._connect(origin, connect_timeout)
+            connection = await self._connect(target, connect_timeout)
         head = connection.start(raw)
         timer = asyncio.get_running_loop().call_later(timeout, _expire_head, head)
         try:
-            await head
+            await head  # no retry after this: the request's bytes may have reached the upstream
         except _HeadTimeout:
             connection.close()
             raise HTTPFailure(
                 f"no answer from the upstream in {timeout:g}s", connected=True, timed_out=True
             ) from None
-        except HTTPFailure:
-            if reused and not connection.headers:
-                # a kept-alive connection the upstream had closed: one retry on a fresh one
-                return await self.request(
-                    method, url, headers, body, timeout, connect_timeout=connect_timeout
-                )
-            raise
         finally:
             timer.cancel()
-        return Response(self, origin, connection, timeout)
+        return Response(self, target.origin, connection, timeout)
 
-    def _target(self, url: str) -> tuple[tuple[str, int, bool], str, str]:
-        """(origin, path, host header) of a URL, parsed once."""
-        target = self._targets.get(url)
-        if target is None:
-            parts = urlsplit(url)
-            tls = parts.scheme == "https"
-            host = parts.hostname or "127.0.0.1"
-            port = parts.port or (443 if tls else 80)
-            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            netloc = host if parts.port is None else f"{host}:{port}"
-            target = self._targets[url] = ((host, port, tls), path, netloc)
-        return target
-
-    def _idle_connection(self, origin: tuple[str, int, bool]) -> _Connection | None:
+    def _idle_connection(self, origin: Origin) -> _Connection | None:
         idle = self._idle.get(origin)
+        now = time.monotonic()
         while idle:
             connection = idle.pop()
-            if not connection.closed:
-                connection.body = _Body()
-                return connection
+            if connection.closed:
+                continue
+            if now - connection.idle_since > IDLE_EXPIRY or now - connection.opened > MAX_AGE:
+                connection.close()  # the upstream may be closing it right now
+                continue
+            connection.body = _Body()
+            return connection
         return None
 
-    async def _connect(self, origin: tuple[str, int, bool], timeout: float) -> _Connection:
-        host, port, tls = origin
+    async def _connect(self, target: _Target, timeout: float) -> _Connection:
+        host, port, tls, _ = target.origin
+        proxy = target.proxy
         if tls and self._ssl is None:
             self._ssl = ssl.create_default_context()
         loop = asyncio.get_running_loop()
+        where = f"{host}:{port}" + (
+            f" through the proxy {proxy.host}:{proxy.port}" if proxy else ""
+        )
         try:
             async with asyncio.timeout(timeout):
-                _, connection = await loop.create_connection(
-                    _Connection, host, port, ssl=self._ssl if tls else None
-                )
+                if proxy is None:
+                    _, connection = await loop.create_connection(
+                        _Connection, host, port, ssl=self._ssl if tls else None
+                    )
+                elif not tls:
+                    _, connection = await loop.create_connection(
+                        _Connection, proxy.host, proxy.port
+                    )
+                else:
+                    connection = await self._tunnel(proxy, host, port)
         except (OSError, TimeoutError) as error:
             raise HTTPFailure(
-                f"cannot connect to {host}:{port} ({type(error).__name__})", connected=False
+                f"cannot connect to {where} ({type(error).__name__})", connected=False
             ) from None
         return connection
 
-    def _release(self, origin: tuple[str, int, bool], connection: _Connection) -> None:
+    async def _tunnel(self, proxy: _Proxy, host: str, port: int) -> _Connection:
+        """A TLS connection to host:port inside a proxy's CONNECT tunnel."""
+        reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+        try:
+            head = f"CONNECT {host}:{port} HTTP/1.1\r\nhost: {host}:{port}\r\n"
+            if proxy.authorization:
+                head += f"proxy-authorization: {proxy.authorization}\r\n"
+            writer.write((head + "\r\n").encode("latin-1"))
+            answer = await reader.readuntil(b"\r\n\r\n")
+            status = answer.split(b" ", 2)[1:2]
+            if status != [b"200"]:
+                raise ConnectionRefusedError(f"the proxy answered {answer[:40]!r} to CONNECT")
+            connection = _Connection()
+            transport = await asyncio.get_running_loop().start_tls(
+                writer.transport, connection, cast(ssl.SSLContext, self._ssl),
+                server_hostname=host,
+            )  # fmt: skip
+        except BaseException:
+            writer.close()
+            raise
+        if transport is None:
+            raise ConnectionError("TLS through the proxy's tunnel failed")
+        connection.connection_made(transport)
+        # the stream writer must outlive the tunnel: collected, it would close the socket under it
+        connection.tunnel = writer
+        return connection
+
+    def _release(self, origin: Origin, connection: _Connection) -> None:
+        connection.idle_since = time.monotonic()
         idle = self._idle.setdefault(origin, [])
         if len(idle) < _IDLE_PER_ORIGIN:
             idle.append(connection)
