@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ import yaml
 
 from kairos.cli.main import main
 from kairos.gateway.accounting import input_bound
-from kairos.gateway.counters import counters_from_url
+from kairos.gateway.counters import Line, counters_from_url
+from kairos.gateway.ledger import LedgerRow, LedgerWriter
+from kairos.gateway.registry import registry_from_url
 from tests.gateway.conftest import (
     ADMIN_KEY,
     ENVIRON,
@@ -39,8 +42,6 @@ from tests.gateway.conftest import (
     redis_available,
 )
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, free_port
-
-pytestmark = pytest.mark.slow
 
 HI = [{"role": "user", "content": "hi"}]
 BOUND = input_bound(len(orjson.dumps({"messages": HI})), 1)
@@ -186,6 +187,7 @@ def _spent(counters_url: str, key_id: str) -> int:
     return asyncio.run(read())
 
 
+@pytest.mark.slow
 def test_a_killed_gateway_leaves_every_dispatched_call_in_the_ledger(
     project: Path,
     upstream: FakeUpstream,
@@ -238,6 +240,7 @@ def test_a_killed_gateway_leaves_every_dispatched_call_in_the_ledger(
     assert summary["requests"] == 60 and summary["cost_micros"] == spent
 
 
+@pytest.mark.slow
 def test_a_gateway_starting_leaves_a_live_gateways_calls_alone(
     project: Path, upstream: FakeUpstream, stores: tuple[str, str]
 ) -> None:
@@ -266,3 +269,82 @@ def test_a_gateway_starting_leaves_a_live_gateways_calls_alone(
             second.stop()
     # stopped cleanly: its shares given back, the counters hold what the calls used
     assert _spent(stores[1], created["id"]) == 5 * (TOKENS_IN + 5)
+
+
+DEAD = "0123456789abcdef"  # a process id that no live process has
+
+
+def test_a_dead_process_holds_are_found_and_settled_by_another(counters_url: str) -> None:
+    """Hold records outlive their process on every backend: another process lists them by
+    the dead one's id prefix (its calls' and its shares') and settles them."""
+
+    async def scenario() -> None:
+        dead = counters_from_url(counters_url)
+        lease = time.time() + 60
+        assert await dead.hold(f"{DEAD}000000000001", [Line("usd", 1000, 100)], lease) is None
+        share = f"share-{DEAD}000000000002"
+        assert await dead.hold(share, [Line("usd", 1000, 400), Line("rpm", 50, 16)], lease) is None
+        assert await dead.hold("fedcba98765432100000000003", [Line("usd", 1000, 7)], lease) is None
+        await dead.close()  # as if killed: nothing settled
+
+        alive = counters_from_url(counters_url)
+        try:
+            orphans = dict(await alive.orphans(DEAD))
+            assert orphans == {f"{DEAD}000000000001": {"usd": 100}, share: {"usd": 400, "rpm": 16}}
+            assert await alive.settle(share, {"usd": 30, "rpm": 2})
+            assert await alive.settle(f"{DEAD}000000000001", {"usd": 100})
+            assert not await alive.settle(share, {"usd": 0, "rpm": 0})  # once only
+            assert await alive.spent(["usd", "rpm"]) == [100 + 30 + 7, 2]
+            assert await alive.orphans(DEAD) == []
+        finally:
+            await alive.close()
+
+    asyncio.run(scenario())
+
+
+def test_pending_rows_of_a_burst_are_written_together(tmp_path: Path) -> None:
+    """Each pending row is durable when `pending` returns; rows that come while one is being
+    written share the next write."""
+    writes: list[int] = []
+
+    async def scenario() -> list[LedgerRow]:
+        registry = registry_from_url(f"sqlite:///{tmp_path / 'ledger.db'}")
+        write_rows = registry.write_rows
+
+        async def counted(rows: Any) -> None:
+            writes.append(len(rows))
+            await write_rows(rows)
+
+        registry.write_rows = counted  # type: ignore[method-assign]
+        writer = LedgerWriter(registry)
+        now = datetime.now(UTC)
+        rows = [
+            LedgerRow(
+                request_id=f"{DEAD}{index:012x}",
+                key_id="k",
+                route="chat",
+                model_requested="chat",
+                model_dispatched="chat",
+                provider="fake",
+                deployment="echo",
+                tokens_in=1,
+                tokens_out=2,
+                cost_micros=3,
+                price_version="v",
+                ttft_ms=None,
+                latency_ms=0.0,
+                status="pending",
+                attempts=1,
+                created_at=now,
+            )
+            for index in range(200)
+        ]
+        try:
+            await asyncio.gather(*(writer.pending(row) for row in rows))
+            return await registry.process_rows(DEAD, now)
+        finally:
+            await registry.close()
+
+    written = asyncio.run(scenario())
+    assert len(written) == 200 and {row.status for row in written} == {"pending"}
+    assert sum(writes) == 200 and len(writes) < 10  # not a write (nor a connection) each
