@@ -358,7 +358,7 @@ class Gateway:
             try:
                 since = datetime.now(UTC) - timedelta(seconds=2 * self.config.lease + 60)
                 await recover(self.registry, self.counters, since=since)
-            except Exception as error:  # never keeps calls out: the next start tries again
+            except Exception as error:  # never keeps calls out; the next gateway to start retries
                 logger.error("recovering dead gateway processes failed: %s", error)
             self._started = True
 
