@@ -14,8 +14,10 @@ next one replaces it, when its counters roll over (the next minute, day or month
 `lifetime` seconds; once its last call settled it is settled in the store to what its calls
 really used. Near a limit (less than 128 worst cases left) no share
 is taken and every hold goes to the store, so the last of a budget is split exactly. A
-process that dies with a share open leaves it charged in full when its lease runs out (the
-lease rule for any hold): at most `depth` worst cases, at most 1/64 of what remained.
+process that dies with a share open leaves it charged in full (at most `depth` worst cases,
+at most 1/64 of what remained) until the next gateway to start settles it to what the ledger
+says its calls charged (recovery.py; each call's row names its share, `store_hold`); past its
+lease it stays charged in full, as any hold.
 """
 
 from __future__ import annotations
