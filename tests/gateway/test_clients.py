@@ -277,6 +277,25 @@ def test_litellm_async_stream(
     assert (row["status"], row["tokens_out"]) == ("ok", 4)
 
 
+def test_litellm_responses(
+    served: ServerThread, upstream: FakeUpstream, litellm: ModuleType, offline: list[str]
+) -> None:
+    reply = litellm.responses(
+        model="openai/chat",
+        api_base=f"{served.url}/v1",
+        api_key=new_key(served),
+        input="hi",
+        max_output_tokens=16,  # OpenAI's least (litellm raises a smaller one to it)
+        num_retries=0,
+    )
+    out = min(16, upstream.chunks)  # the fake answers at most `chunks` tokens
+    assert reply.output[0].content[0].text == "tok " * out
+    assert (reply.usage.input_tokens, reply.usage.output_tokens) == (TOKENS_IN, out)
+    assert upstream.received[-1]["max_output_tokens"] == 16
+    [row] = ledger(served)
+    assert (row["route"], row["status"], row["tokens_out"]) == ("responses", "ok", out)
+
+
 def test_litellm_sees_gateway_errors(
     served: ServerThread, litellm: ModuleType, offline: list[str]
 ) -> None:

@@ -15,6 +15,8 @@ import orjson
 import pytest
 
 from kairos.gateway import Gateway, Stream
+from kairos.gateway.accounting import input_bound
+from kairos.gateway.requests import input_bytes
 from kairos.server.gateway_app import create_gateway_app
 from tests.gateway.conftest import PROVIDER_SECRET, config, deployment, new_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
@@ -100,6 +102,15 @@ def test_streamed_response(served: ServerThread, upstream: FakeUpstream) -> None
     assert row["ttft_ms"] is not None
 
 
+def test_sdk_stream_helper_assembles_the_response(served: ServerThread) -> None:
+    sdk = client(served, new_key(served))
+    with sdk.responses.stream(model="chat", input="hi", max_output_tokens=3) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert deltas == ["tok "] * 3 and final.output_text == "tok " * 3
+    assert final.usage is not None and final.usage.output_tokens == 3
+
+
 def test_stream_frames_are_typed_events_without_done(served: ServerThread) -> None:
     key = new_key(served)
     body = {"model": "chat", "input": "hi", "max_output_tokens": 2, "stream": True}
@@ -171,6 +182,24 @@ def test_budget_bounds_input_and_clamps_max_output_tokens(
     assert refused.json()["error"]["code"] == "budget_exceeded"
     items = [{"role": "user", "content": "y" * 2000}]
     assert post(served, key, {"model": "chat", "input": items}).status_code == 429
+
+
+def test_a_cap_clamped_below_16_is_a_budget_refusal(
+    served: ServerThread, upstream: FakeUpstream
+) -> None:
+    """OpenAI refuses max_output_tokens under 16: a budget with room for fewer is a 429."""
+    key = new_key(served, budgets=[{"period": "total", "tokens": 1000}])
+    body: dict[str, Any] = {"model": "chat", "input": "hi", "instructions": ""}
+    held = input_bound(input_bytes(body), 2)  # the input and the instructions
+    body["instructions"] = "x" * (1000 - held - 10)  # room for 10 output tokens
+    refused = post(served, key, body)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "budget_exceeded"
+    assert "16 output tokens" in refused.json()["error"]["message"]
+    assert upstream.received == []
+    body["instructions"] = "x" * (1000 - held - 20)  # room for 20
+    assert post(served, key, body).status_code == 200
+    assert upstream.received[-1]["max_output_tokens"] == 20
 
 
 def test_no_cap_is_added_when_no_budget_needs_one(

@@ -715,6 +715,16 @@ class _Call:
                         "send fewer prompts or lower max_tokens",
                         retry_after=key_reset(key, gateway.accountant.clock()),
                     )
+                if self.kind == "responses" and hold.max_tokens < min(self.wanted, 16):
+                    # OpenAI refuses a max_output_tokens below 16: a cap clamped under it is
+                    # a budget too small for this call, not the client's bad request
+                    await gateway.accountant.settle(hold, None, accepted=False)
+                    raise BudgetExceeded(
+                        f"key {key.id!r} has too little budget left for 16 output tokens (the "
+                        "least max_output_tokens the Responses API takes); shorten the input "
+                        "or raise the budget",
+                        retry_after=key_reset(key, gateway.accountant.clock()),
+                    )
             except BaseException:
                 router.finished(deployment, "neutral", 0.0)
                 raise
