@@ -25,7 +25,8 @@ behaviour chosen by the upstream model name (or `behaviour[model]`, changeable m
 /v1/responses (the Responses API) answers echo, fail, busy, bad and slow the same, and streams
 typed events ending with `response.completed` (usage in it); `cut` drops the connection after
 two deltas, `broken` sends an `error` event (quoting the credential), `truncated` ends without
-a terminal event, `failing` ends with `response.failed` (usage in it).
+a terminal event, `failing` ends with `response.failed` (usage in it), `late` sends its deltas
+0.1 s apart.
 
 `cut` and `truncated` apply to chat, completions and /v1/messages streams alike.
 
@@ -310,6 +311,8 @@ class FakeUpstream:
         yield event({"type": "response.output_item.added", "output_index": 0, "item": item})
         yield event({"type": "response.content_part.added", **where, "part": part})
         for index in range(out):
+            if mode == "late":
+                await asyncio.sleep(0.1)
             if index == 2 and mode == "cut":
                 raise RuntimeError("scripted cut")  # uvicorn drops the connection
             if index == 2 and mode == "broken":

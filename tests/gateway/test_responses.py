@@ -5,6 +5,7 @@ chat; a stream cut short ends with an `error` event and a non-ok ledger row."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,32 @@ def test_sdk_sees_a_cut_stream_end_without_completion(
     stream = sdk.responses.create(model="chat", input="hi", max_output_tokens=4, stream=True)
     kinds = [event.type for event in stream]
     assert kinds[-1] == "error" and "response.completed" not in kinds
+
+
+def test_a_client_that_leaves_mid_stream_is_billed_by_the_usage(
+    served: ServerThread, upstream: FakeUpstream
+) -> None:
+    upstream.behaviour["echo"] = "late"
+    key = new_key(served)
+    finished = upstream.finished_streams
+    body = {"model": "chat", "input": "hi", "max_output_tokens": 5, "stream": True}
+    headers = {"authorization": f"Bearer {key}"}
+    with (
+        httpx.Client() as http,
+        http.stream("POST", f"{served.url}/v1/responses", json=body, headers=headers) as reply,
+    ):
+        assert next(reply.iter_lines()) == "event: response.created"  # then hang up
+    deadline = time.monotonic() + 10
+    while (rows := ledger(served)) and rows[0]["status"] == "pending":
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.05)
+    [row] = rows
+    assert (row["status"], row["tokens_in"], row["tokens_out"]) == (
+        "client_disconnected",
+        TOKENS_IN,
+        5,
+    )
+    assert upstream.finished_streams == finished + 1  # read on to its last event
 
 
 def test_failed_response_is_passed_on_billed_and_logged(
