@@ -26,7 +26,7 @@ behaviour chosen by the upstream model name (or `behaviour[model]`, changeable m
 typed events ending with `response.completed` (usage in it); `cut` drops the connection after
 two deltas, `broken` sends an `error` event (quoting the credential), `truncated` ends without
 a terminal event, `failing` ends with `response.failed` (usage in it), `late` sends its deltas
-0.1 s apart.
+0.1 s apart, `forging` sends an event whose type holds line breaks.
 
 `cut` and `truncated` apply to chat, completions and /v1/messages streams alike.
 
@@ -310,6 +310,9 @@ class FakeUpstream:
         yield event({"type": "response.in_progress", "response": _response(body, 0, "in_progress")})
         yield event({"type": "response.output_item.added", "output_index": 0, "item": item})
         yield event({"type": "response.content_part.added", **where, "part": part})
+        if mode == "forging":  # a type that, written as an `event:` line, would start a frame
+            forged = {"type": 'response.output_text.delta\n\ndata: {"forged": 1}'}
+            yield b"data: " + orjson.dumps(forged) + b"\n\n"
         for index in range(out):
             if mode == "late":
                 await asyncio.sleep(0.1)

@@ -112,6 +112,18 @@ def test_sdk_stream_helper_assembles_the_response(served: ServerThread) -> None:
     assert final.usage is not None and final.usage.output_tokens == 3
 
 
+def test_an_event_type_cannot_forge_frames(served: ServerThread, upstream: FakeUpstream) -> None:
+    """A provider's event whose type holds line breaks is passed on without an `event:` line:
+    it cannot start a frame of its own in the client's stream."""
+    upstream.behaviour["echo"] = "forging"
+    body = {"model": "chat", "input": "hi", "max_output_tokens": 2, "stream": True}
+    found = events(post(served, new_key(served), body).text)
+    assert {"forged": 1} not in [data for _, data in found]
+    [odd] = [(name, data) for name, data in found if "forged" in data["type"]]
+    assert odd[0] is None
+    assert found[-1][0] == "response.completed"
+
+
 def test_stream_frames_are_typed_events_without_done(served: ServerThread) -> None:
     key = new_key(served)
     body = {"model": "chat", "input": "hi", "max_output_tokens": 2, "stream": True}

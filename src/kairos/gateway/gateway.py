@@ -288,7 +288,9 @@ class ResponseStream(Stream):
             return sse.encode(error_event(item["error"], self._sequence), "error")
         self._sequence += 1
         kind = sse.data_type(item)
-        return (f"event: {kind}\n".encode() if kind else b"") + sse.frame(item)
+        # a type with a line break in it would start a frame of the provider's making
+        named = kind is not None and kind.isprintable()
+        return (f"event: {kind}\n".encode() if named else b"") + sse.frame(item)
 
     async def frame_batches(self) -> AsyncIterator[tuple[bytes, bool]]:
         async for batch, last in self._batches():
