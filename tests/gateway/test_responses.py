@@ -253,18 +253,161 @@ def test_no_cap_is_added_when_no_budget_needs_one(
     assert upstream.received[-1]["max_output_tokens"] == 4096  # default_max_tokens, held
 
 
-def test_allow_list_and_anthropic_deployments(served: ServerThread) -> None:
-    key = new_key(served, models=["other", "claude"])
+def test_allow_list(served: ServerThread) -> None:
+    key = new_key(served, models=["other"])
     denied = post(served, key, {"model": "chat", "input": "hi"})
     assert denied.status_code == 403 and denied.json()["error"]["param"] == "model"
     assert post(served, key, {"model": "other", "input": "hi"}).status_code == 200
-    # an Anthropic-kind deployment cannot serve the Responses API: said, not dropped
-    claude = post(served, key, {"model": "claude", "input": "hi"})
-    assert claude.status_code == 400
-    error = claude.json()["error"]
-    assert error["code"] == "unsupported_route" and "responses" in error["message"]
-    routes = sorted((row["route"], row["status"]) for row in ledger(served))
-    assert ("responses", "ok") in routes and ("responses", "unsupported_route") in routes
+    statuses = sorted((row["route"], row["status"]) for row in ledger(served))
+    assert statuses == [("responses", "model_not_allowed"), ("responses", "ok")]
+
+
+# --- on an Anthropic deployment: through chat, translated both ways ---------------------------
+
+
+def test_anthropic_whole_response(served: ServerThread, upstream: FakeUpstream) -> None:
+    sdk = client(served, new_key(served))
+    response = sdk.responses.create(
+        model="claude", input="hi", instructions="be brief", max_output_tokens=3
+    )
+    assert response.output_text == "tok tok tok " and response.status == "completed"
+    assert response.usage is not None
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (TOKENS_IN, 3)
+    sent = upstream.received[-1]  # a Messages request
+    assert (sent["system"], sent["max_tokens"]) == ("be brief", 3)
+    assert sent["messages"][0]["role"] == "user"
+    [row] = ledger(served)
+    assert (row["route"], row["provider"], row["status"]) == ("responses", "claude", "ok")
+    assert (row["tokens_in"], row["tokens_out"]) == (TOKENS_IN, 3)
+
+
+def test_anthropic_streamed_response(served: ServerThread, upstream: FakeUpstream) -> None:
+    key = new_key(served)
+    sdk = client(served, key)
+    with sdk.responses.stream(model="claude", input="hi", max_output_tokens=4) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed" and kinds.count("response.output_text.delta") == 4
+    assert final.output_text == "tok " * 4
+    assert final.usage is not None and final.usage.output_tokens == 4
+    body = {"model": "claude", "input": "hi", "max_output_tokens": 2, "stream": True}
+    found = events(post(served, key, body).text)
+    assert [data["sequence_number"] for _, data in found] == list(range(len(found)))
+    assert all(name == data["type"] for name, data in found)
+    rows = ledger(served)
+    assert [(r["status"], r["tokens_out"]) for r in rows] == [("ok", 4), ("ok", 2)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_cache_reads_and_writes_are_billed(
+    served: ServerThread, upstream: FakeUpstream, stream: bool
+) -> None:
+    upstream.cache["echo"] = {"read": 1_000, "write": 400, "write_1h": 100}
+    try:
+        body = {"model": "claude", "input": "hi", "max_output_tokens": 2, "stream": stream}
+        assert post(served, new_key(served), body).status_code == 200
+    finally:
+        del upstream.cache["echo"]
+    [row] = ledger(served)
+    assert (row["tokens_in"], row["tokens_cached"], row["tokens_cache_write"]) == (
+        TOKENS_IN + 1_400,
+        1_000,
+        400,
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_function_calls(
+    served: ServerThread, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    upstream.behaviour["echo"] = "tool_use"
+    monkeypatch.setattr(upstream, "tool_input", {"city": "Oslo"})  # the fake is session-wide
+    city = {"type": "object", "properties": {"city": {"type": "string"}}}
+    weather = {"type": "function", "name": "get_weather", "parameters": city}
+    body = {
+        "model": "claude",
+        "input": "Weather in Oslo?",
+        "tools": [weather],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "stream": stream,
+    }
+    reply = post(served, new_key(served), body)
+    assert reply.status_code == 200, reply.text
+    if stream:
+        found = events(reply.text)
+        pieces = [d["delta"] for _, d in found if d["type"].endswith("arguments.delta")]
+        assert orjson.loads("".join(pieces)) == {"city": "Oslo"}
+        response = found[-1][1]["response"]
+    else:
+        response = reply.json()
+    [call] = [item for item in response["output"] if item["type"] == "function_call"]
+    assert call["name"] == "get_weather" and orjson.loads(call["arguments"]) == {"city": "Oslo"}
+    sent = upstream.received[-1]
+    assert sent["tools"][0]["name"] == "get_weather"
+    assert sent["tool_choice"] == {"type": "tool", "name": "get_weather"}
+
+
+def test_anthropic_tool_results_go_back(served: ServerThread, upstream: FakeUpstream) -> None:
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather in Oslo?"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": '{"city": "Oslo"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "-3 C"},
+    ]  # fmt: skip
+    weather = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+    body = {"model": "claude", "input": history, "tools": [weather], "max_output_tokens": 2}
+    reply = post(served, new_key(served), body)
+    assert reply.status_code == 200, reply.text
+    messages = upstream.received[-1]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    [use] = [b for b in messages[1]["content"] if b["type"] == "tool_use"]
+    assert (use["id"], use["name"], use["input"]) == ("call_1", "get_weather", {"city": "Oslo"})
+    [result] = [b for b in messages[2]["content"] if b["type"] == "tool_result"]
+    assert result["tool_use_id"] == "call_1"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"reasoning": {"effort": "low"}}, "reasoning"),
+        ({"tools": [{"type": "file_search"}]}, "tools[0]"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+            "input[0].content[0].image_url",
+        ),
+        ({"text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "array"}}}},
+         "response_format.json_schema.schema"),
+    ],
+)  # fmt: skip
+def test_anthropic_untranslatable_fields_are_named(
+    served: ServerThread, upstream: FakeUpstream, extra: dict[str, Any], param: str
+) -> None:
+    reply = post(served, new_key(served), {"model": "claude", "input": "hi", **extra})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+    assert upstream.received == []
+
+
+def test_failover_from_openai_to_anthropic(upstream: FakeUpstream, tmp_path: Path) -> None:
+    claude = {**deployment("echo"), "provider": "claude", "priority": 1}
+    models = {"chat": {"deployments": [deployment("fail"), claude]}}
+    gateway = Gateway(config(upstream, tmp_path, models=models))
+    with ServerThread(create_gateway_app(gateway), kairos=True) as server:
+        server.gateway = gateway  # type: ignore[attr-defined]
+        key = new_key(server)
+        for stream in (False, True):
+            body = {"model": "chat", "input": "hi", "max_output_tokens": 2, "stream": stream}
+            reply = post(server, key, body)
+            assert reply.status_code == 200, reply.text
+            assert "tok tok " in reply.text
+        rows = ledger(server)
+        assert [(r["attempts"], r["provider"], r["status"]) for r in rows] == [
+            (2, "claude", "ok"),
+            (2, "claude", "ok"),
+        ]
+        server.call(gateway.close())
 
 
 @pytest.mark.parametrize(

@@ -51,6 +51,7 @@ from kairos.gateway.errors import (
 )
 from kairos.gateway.http import HTTPClient
 from kairos.gateway.providers import event_stream, json_reply, post
+from kairos.gateway.responses_chat import response_events, to_chat, to_response
 from kairos.gateway.scrub import Secrets
 from kairos.llm.tokens import tokenizer_for
 
@@ -537,9 +538,10 @@ async def chunks_from_anthropic(
 
 
 class AnthropicProvider:
-    """An Anthropic Messages API upstream serving chat calls."""
+    """An Anthropic Messages API upstream serving chat calls, and Responses calls through
+    chat (responses_chat.py translates them both ways)."""
 
-    kinds = frozenset({"chat"})
+    kinds = frozenset({"chat", "responses"})
 
     def __init__(self, config: ProviderConfig, client: HTTPClient | None = None) -> None:
         self.name = config.name
@@ -562,8 +564,12 @@ class AnthropicProvider:
         """Raise InvalidRequest (naming the field) if `body` cannot be sent to Anthropic."""
         if kind == "chat":
             to_anthropic(body)
+        elif kind == "responses":
+            to_anthropic(to_chat(body))
 
     async def send(self, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if kind == "responses":
+            return to_response(await self.send("chat", to_chat(body), timeout), body)
         url = self._url(kind)
         response = await post(
             self._client, self.config, url, self._headers, to_anthropic(body), timeout
@@ -575,6 +581,11 @@ class AnthropicProvider:
             raise UpstreamError(f"provider {self.name!r} sent a malformed message") from None
 
     async def stream(self, kind: str, body: dict[str, Any], timeout: float) -> AsyncIterator[bytes]:
+        if kind == "responses":
+            events = response_events(self.stream("chat", to_chat(body), timeout), body)
+            async for event in events:
+                yield event
+            return
         url = self._url(kind)
         payload = {**to_anthropic(body), "stream": True}
         response = await post(self._client, self.config, url, self._headers, payload, timeout)

@@ -1,6 +1,7 @@
 """OpenAI's Responses API (`POST /v1/responses`) through the gateway: the checks of a request
 body, the usage of an answer, and the typed events of a stream. The same keys, allow-lists,
-budgets, failover and ledger apply as to chat; only OpenAI-kind providers serve it.
+budgets, failover and ledger apply as to chat. OpenAI-kind providers are sent the call as it
+is; an Anthropic deployment serves it through chat (responses_chat.py translates both ways).
 
 >>> check_responses({"model": "chat", "input": "Say hi", "max_output_tokens": 64}, 4096)
 ('chat', False, 64, 1)
@@ -87,10 +88,13 @@ def response_usage(response: Any) -> Usage | None:
     usage = response.get("usage") if isinstance(response, dict) else None
     if not isinstance(usage, dict) or not isinstance(usage.get("input_tokens"), int):
         return None
-    # in chat's names, so cached input (input_tokens_details.cached_tokens) is read as chat's
+    # in chat's names, so cached input (input_tokens_details.cached_tokens) is read as chat's,
+    # and cache writes as kairos' translation of an Anthropic answer carries them
     return openai_usage({"usage": {
         "prompt_tokens": usage["input_tokens"], "completion_tokens": usage.get("output_tokens"),
         "prompt_tokens_details": usage.get("input_tokens_details"),
+        "cache_creation_input_tokens": usage.get("cache_creation_input_tokens"),
+        "cache_creation": usage.get("cache_creation"),
     }})  # fmt: skip
 
 
