@@ -107,7 +107,7 @@ def litellm(litellm_module: ModuleType) -> Iterator[ModuleType]:
 
 def chat_model(served: ServerThread, key: str, **options: Any) -> ChatOpenAI:
     return ChatOpenAI(
-        model="chat",
+        model=options.pop("model", "chat"),
         base_url=f"{served.url}/v1",
         api_key=key,  # type: ignore[arg-type]
         max_retries=0,
@@ -196,6 +196,27 @@ def test_langchain_on_the_responses_api(
     streamed = list(model.stream("hi"))
     assert "".join(chunk.text for chunk in streamed) == "tok tok "
     assert [row["route"] for row in ledger(served)] == ["responses", "responses"]
+
+
+def test_langchain_responses_api_tools_on_an_anthropic_deployment(
+    served: ServerThread,
+    upstream: FakeUpstream,
+    offline: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    upstream.behaviour["echo"] = "tool_use"
+    monkeypatch.setattr(upstream, "tool_input", {"city": "Lima"})  # the fake is session-wide
+    # an Anthropic deployment, through the gateway's Responses translation
+    model = chat_model(served, new_key(served), model="claude", use_responses_api=True)
+    tools = model.bind_tools([get_weather], tool_choice="get_weather")
+    [call] = tools.invoke("Weather in Lima?").tool_calls
+    assert (call["name"], call["args"]) == ("get_weather", {"city": "Lima"})
+    streamed = list(tools.stream("Weather in Lima?"))
+    whole = streamed[0]
+    for chunk in streamed[1:]:
+        whole = whole + chunk  # type: ignore[assignment]
+    assert [(c["name"], c["args"]) for c in whole.tool_calls] == [("get_weather", {"city": "Lima"})]
+    assert [row["provider"] for row in ledger(served)] == ["claude", "claude"]
 
 
 # --- litellm -------------------------------------------------------------------------------
