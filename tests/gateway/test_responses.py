@@ -136,9 +136,12 @@ def test_stream_frames_are_typed_events_without_done(served: ServerThread) -> No
     assert found[-1][0] == "response.completed"
 
 
-@pytest.mark.parametrize("mode", ["cut", "truncated", "broken"])
+@pytest.mark.parametrize(
+    ("mode", "code"),
+    [("cut", "upstream_error"), ("truncated", "upstream_incomplete"), ("broken", "upstream_error")],
+)
 def test_stream_cut_short_ends_with_an_error_event(
-    served: ServerThread, upstream: FakeUpstream, mode: str
+    served: ServerThread, upstream: FakeUpstream, mode: str, code: str
 ) -> None:
     upstream.behaviour["echo"] = mode
     key = new_key(served)
@@ -147,12 +150,12 @@ def test_stream_cut_short_ends_with_an_error_event(
     found = events(reply.text)
     name, last = found[-1]
     assert name == "error" and last["type"] == "error", found
-    assert last["code"] == "upstream_error" and last["message"]
+    assert last["code"] == code and last["message"]
     assert last["sequence_number"] == len(found) - 1
     assert not any(data["type"] == "response.completed" for _, data in found)
     assert PROVIDER_SECRET not in reply.text  # `broken` quotes the credential it was sent
     [row] = ledger(served)
-    assert row["status"] == "upstream_error"
+    assert row["status"] == code
     # no usage arrived: the call is charged as held (input bound + max_output_tokens)
     assert row["tokens_out"] == 5 and row["cost_micros"] > 5
 

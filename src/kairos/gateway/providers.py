@@ -267,14 +267,11 @@ class OpenAICompatible:
         url = self._url("responses")
         payload = {**body, "stream": True}
         response = await post(self._client, self.config, url, self._headers, payload, timeout)
-        secret = self.config.api_key.encode() if self.config.api_key else None
         ended = False
         async for event in event_stream(self.config, response):
-            data = event.data
+            data = event.data  # a credential quoted in it is masked by the gateway's Stream
             if ended or data.startswith(b"[DONE]"):
                 continue  # read on to the body's end, so the connection is reused
-            if secret and secret in data:  # a provider quoting the credential it was sent
-                data = data.replace(secret, b"***")
             kind = sse.data_type(data)
             if kind == "error" or event.event == "error":
                 message = _event_message(data)[:300]
@@ -284,10 +281,9 @@ class OpenAICompatible:
             ended = kind in RESPONSE_ENDS
             yield data
         if not ended:
-            raise UpstreamError(
+            raise UpstreamIncomplete(
                 f"provider {self.name!r} ended the stream before its last event "
-                "(response.completed); the answer may be cut short",
-                accepted=True,
+                "(response.completed); the answer may be cut short"
             )
 
     def _chunk(self, data: bytes) -> bytes:
