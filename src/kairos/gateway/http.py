@@ -346,6 +346,9 @@ class HTTPClient:
             raise HTTPFailure(
                 f"no answer from the upstream in {timeout:g}s", connected=True, timed_out=True
             ) from None
+        except BaseException:  # cancelled (a deadline, a caller gone): the exchange is void
+            connection.close()
+            raise
         finally:
             timer.cancel()
         return Response(self, target.origin, connection, timeout)
