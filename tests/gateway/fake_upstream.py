@@ -446,7 +446,6 @@ class FakeUpstream:
                                       "usage": {"output_tokens": out}})  # fmt: skip
         yield event("message_stop", {"type": "message_stop"})
 
-
     def _message_tool_use(self, body: dict[str, Any]) -> Response:
         names = self._tools_called(body, anthropic=True)
         forced = (body.get("tool_choice") or {}).get("type") in ("tool", "any")
@@ -487,7 +486,6 @@ class FakeUpstream:
                                            "usage": {"output_tokens": 7}}))  # fmt: skip
         out.append(event("message_stop", {"type": "message_stop"}))
         return Response(b"".join(out), media_type="text/event-stream")
-
 
     def _images(self, body: dict[str, Any]) -> list[tuple[int, int, str]]:
         """(width, height, detail) of each image part of a chat or Messages request: a PNG's
@@ -616,7 +614,12 @@ class ServerThread:
     with `kairos=True`, by kairos' own HTTP/1.1 server (what `kairos gateway serve` runs)."""
 
     def __init__(
-        self, app: Any, *, port: int | None = None, loop: str = "asyncio", kairos: bool = False,
+        self,
+        app: Any,
+        *,
+        port: int | None = None,
+        loop: str = "asyncio",
+        kairos: bool = False,
         http: str = "httptools",
     ) -> None:
         self.port = port or free_port()

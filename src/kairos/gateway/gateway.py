@@ -816,9 +816,7 @@ class _Call:
             # the hold already covers the call: settling (which only gives back) and logging
             # need not delay the answer
             usage = response_usage(reply) if self.kind == "responses" else openai_usage(reply)
-            self.gateway._after_answer(
-                self.key.id, self._close(hold, usage, deployment, provider)
-            )
+            self.gateway._after_answer(self.key.id, self._close(hold, usage, deployment, provider))
             return reply
         upstream = provider.stream(self.kind, body, deployment.timeout).__aiter__()
         try:

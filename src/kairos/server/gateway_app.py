@@ -625,9 +625,7 @@ class GatewayApp:
                 return
 
 
-async def _answer(
-    request: Request, reply: Reply | _SSEReply, receive: Receive, send: Send
-) -> None:
+async def _answer(request: Request, reply: Reply | _SSEReply, receive: Receive, send: Send) -> None:
     """Send `reply` once the request is read to its end: a client still sending a body the
     handler did not read (a 401, a 404...) then reads the answer rather than a reset."""
     if not request.consumed:
