@@ -224,20 +224,12 @@ CASES: dict[str, tuple[list[bytes], Callable[[Exchange], bool]]] = {
 
 
 @pytest.fixture(scope="module")
-def module_upstream() -> Iterator[FakeUpstream]:
-    fake = FakeUpstream()
-    with ServerThread(fake.app()) as server:
-        fake.url = server.url  # type: ignore[attr-defined]
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gateway_process(
-    module_upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+    upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[int]:
     """`kairos gateway serve` in its own process."""
     folder = tmp_path_factory.mktemp("conformance")
-    url = module_upstream.url  # type: ignore[attr-defined]
+    url = upstream.url  # type: ignore[attr-defined]
     section = {
         "admin_key_env": "GW_ADMIN", "pepper_env": "GW_PEPPER", "body_timeout": "1s",
         "providers": {"fake": {"kind": "openai", "base_url": f"{url}/v1",
@@ -275,13 +267,13 @@ def _uvicorn(upstream: FakeUpstream, factory: pytest.TempPathFactory, parser: st
 
 @pytest.fixture(scope="module")
 def uvicorn_httptools(
-    module_upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+    upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[int]:
     """uvicorn with httptools (its fast parser, what the bench compares) serving the same app.
     (uvicorn's h11 parser is not compared: in this test it also answered a request sent after a
     chunked body whose head declared a Content-Length too, where a proxy framing by the length
     would have passed it through as body.)"""
-    yield from _uvicorn(module_upstream, tmp_path_factory, "httptools")
+    yield from _uvicorn(upstream, tmp_path_factory, "httptools")
 
 
 SERVERS = {"gateway": "gateway_process", "uvicorn-httptools": "uvicorn_httptools"}
