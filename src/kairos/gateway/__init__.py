@@ -10,8 +10,9 @@ from kairos.gateway.errors import (
     Unauthenticated,
     UpstreamError,
 )
-from kairos.gateway.gateway import Gateway, Stream
+from kairos.gateway.gateway import Gateway
 from kairos.gateway.keys import Budget, KeyRecord
+from kairos.gateway.streams import Stream
 
 __all__ = [
     "Budget",

@@ -32,13 +32,19 @@ def choices(body: dict[str, Any]) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
 
 
-def _common(body: dict[str, Any], default_max_tokens: int) -> tuple[str, bool, int]:
+def model_and_stream(body: dict[str, Any]) -> tuple[str, bool]:
+    """(model, stream) of a call body, checked: the fields every generating route shares."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest('model is required: a model name, e.g. "gpt-4o-mini"', param="model")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be true or false", param="stream")
+    return model, stream
+
+
+def _common(body: dict[str, Any], default_max_tokens: int) -> tuple[str, bool, int]:
+    model, stream = model_and_stream(body)
     options = body.get("stream_options")
     if options is not None and (
         not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool)

@@ -16,6 +16,7 @@ import orjson
 from kairos.gateway import sse
 from kairos.gateway.errors import InvalidRequest
 from kairos.gateway.providers import RESPONSE_ENDS, Usage, openai_usage
+from kairos.gateway.requests import model_and_stream
 
 # Fields the gateway cannot account for, each with the fix: a stored prompt's text is not
 # in the request (nor in another account's deployment, after a failover), a background
@@ -31,12 +32,7 @@ _UNACCOUNTED = {
 def check_responses(body: dict[str, Any], default_max_tokens: int) -> tuple[str, bool, int, int]:
     """(model, stream, output tokens wanted, input parts) of a Responses request: `input` is a
     string or a list of input items; `instructions` is one more part."""
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest('model is required: a model name, e.g. "gpt-4o-mini"', param="model")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidRequest("stream must be true or false", param="stream")
+    model, stream = model_and_stream(body)
     for name, fix in _UNACCOUNTED.items():
         if body.get(name) not in (None, False):
             raise InvalidRequest(

@@ -34,10 +34,11 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from kairos.errors import did_you_mean
-from kairos.gateway.anthropic import chat_to_message, message_events, messages_to_chat
 from kairos.gateway.errors import GatewayError, InvalidRequest, Unauthenticated, UnknownModel
-from kairos.gateway.gateway import Gateway, Stream
+from kairos.gateway.gateway import Gateway
 from kairos.gateway.ledger import LedgerRow, period_bound, summarize
+from kairos.gateway.messages import chat_to_message, message_events, messages_to_chat
+from kairos.gateway.streams import Stream
 
 logger = logging.getLogger(__name__)
 SETTLE_AFTER = 0.002  # seconds

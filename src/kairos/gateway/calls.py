@@ -1,0 +1,360 @@
+"""One request through the gateway: attempts in route order over the model's deployments,
+each held before it is sent and settled after, with its ledger rows (pending as it leaves,
+final when it ends). `Gateway._dispatch` runs one `Call` per request.
+
+A call takes the gateway itself, not a few of its parts: it uses the router, providers,
+accountant, budget shares, ledger, secrets, observers and the gateway's task bookkeeping
+(deferred settling that `drain()` waits for).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Awaitable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from kairos.gateway import requests
+from kairos.gateway.accounting import (
+    Hold,
+    Settlement,
+    check_bounded,
+    key_reset,
+    new_id,
+    parts_bound,
+)
+from kairos.gateway.anthropic import AnthropicProvider
+from kairos.gateway.config import Deployment
+from kairos.gateway.errors import (
+    BudgetExceeded,
+    GatewayError,
+    InvalidRequest,
+    ModelNotAllowed,
+    PriceUnknown,
+    UnsupportedRoute,
+    UpstreamError,
+)
+from kairos.gateway.keys import KeyRecord
+from kairos.gateway.ledger import LedgerRow
+from kairos.gateway.prices import Price
+from kairos.gateway.providers import Provider, Usage, openai_usage
+from kairos.gateway.responses import response_usage
+from kairos.gateway.streams import ResponseStream, Stream
+
+if TYPE_CHECKING:  # the gateway imports this module; a call only refers to its type
+    from kairos.gateway.gateway import Gateway
+
+_FREE = Price(0, 0)  # an unpriced model, for keys without a USD budget
+# the field a capped call's output limit goes in when the client sent none (chat: the
+# provider's `token_field`); a client's own field is kept, lowered to the cap
+_TOKEN_FIELD = {"chat": "max_completion_tokens", "completion": "max_tokens"}
+_OUTPUT_LIMITS = ("max_completion_tokens", "max_tokens")
+
+
+class Call:
+    """One request through the gateway: attempts in route order, each held and settled."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        key: KeyRecord,
+        kind: str,
+        route: str,
+        model: str,
+        body: dict[str, Any],
+        stream: bool,
+        wanted: int,
+        bound: int,
+        answers: int = 1,
+    ) -> None:
+        self.gateway = gateway
+        self.answers = answers  # n, and each prompt of a completion: the hold covers them all
+        self.parts = requests.input_parts(body)  # bounded per deployment (images per model)
+        self.key = key
+        self.kind = kind
+        self.route = route
+        self.model = model
+        self.body = body
+        self.stream = stream
+        self.wanted = wanted
+        self.bound = bound
+        self.request_id = new_id()
+        self.started = time.perf_counter()
+        self.created_at = datetime.now(UTC)
+        self.attempts = 0
+        self.cost = self.tokens_in = self.tokens_out = 0
+        self.tokens_cached = self.tokens_cache_write = self.uncharged = 0
+        self.deployment: Deployment | None = None
+        self.hold_id: str | None = None  # the store hold carrying the last attempt's
+        self.ttft: float | None = None
+
+    async def run(self) -> dict[str, Any] | Stream:
+        gateway, key = self.gateway, self.key
+        router = gateway.router
+        group = router.group_of(self.model)
+        if not router.reachable(group, key.allows):
+            raise ModelNotAllowed(
+                f"key {key.id!r} may not use model {self.model!r} (nor any of its fallbacks); "
+                "GET /v1/models lists the models it may use",
+                param="model",
+            )
+        check_bounded(self.parts, key)
+        candidates = router.candidates(group, key.allows)
+        last: GatewayError | None = None
+        tried = 0
+        for deployment in candidates:
+            if tried > gateway.config.retries:
+                break
+            provider = gateway.providers[deployment.provider]
+            if self.kind not in provider.kinds:
+                last = UnsupportedRoute(
+                    f"model {self.model!r} has no deployment that serves {self.kind} calls",
+                    param="model",
+                )
+                continue
+            if isinstance(provider, AnthropicProvider):
+                try:  # before any hold: a field Anthropic cannot take is a 400, never dropped
+                    provider.check(self.kind, self.body)
+                except InvalidRequest as error:
+                    last = error
+                    continue
+            price = deployment.price or gateway.config.prices.get(deployment.model)
+            if price is None:
+                if any(b.usd_micros is not None for b in key.budgets):
+                    last = PriceUnknown(
+                        f"no price for {deployment.model!r}, and key {key.id!r} has a USD "
+                        "budget; add the model under gateway.prices",
+                        param="model",
+                    )
+                    continue
+                price = _FREE
+            if not router.acquire(deployment):
+                continue
+            tried += 1
+            try:
+                bound = self.bound + parts_bound(self.parts, deployment.model)
+                hold = await gateway.accountant.hold(key, price, bound, self.wanted * self.answers)
+                if self.wanted and hold.max_tokens < self.answers:  # not a token for each
+                    await gateway.accountant.settle(hold, None, accepted=False)
+                    raise BudgetExceeded(
+                        f"key {key.id!r} has too little budget left for {self.answers} answers; "
+                        "send fewer prompts or lower max_tokens",
+                        retry_after=key_reset(key, gateway.accountant.clock()),
+                    )
+                if self.kind == "responses" and hold.max_tokens < min(self.wanted, 16):
+                    # OpenAI refuses a max_output_tokens below 16: a cap clamped under it is
+                    # a budget too small for this call, not the client's bad request
+                    await gateway.accountant.settle(hold, None, accepted=False)
+                    raise BudgetExceeded(
+                        f"key {key.id!r} has too little budget left for 16 output tokens (the "
+                        "least max_output_tokens the Responses API takes); shorten the input "
+                        "or raise the budget",
+                        retry_after=key_reset(key, gateway.accountant.clock()),
+                    )
+            except BaseException:
+                router.finished(deployment, "neutral", 0.0)
+                raise
+            try:
+                return await self._attempt(deployment, provider, hold)
+            except UpstreamError as error:
+                if not error.retryable:
+                    raise
+                last = error
+        raise last or UpstreamError(
+            f"every deployment of model {self.model!r} is failing (circuits open); retry shortly",
+            status=503,
+        )
+
+    def _upstream_body(self, deployment: Deployment, hold: Hold) -> dict[str, Any]:
+        body = {**self.body, "model": deployment.model}
+        if self.kind in _TOKEN_FIELD:
+            self._cap(body, deployment, hold.max_tokens // self.answers)
+        elif self.kind == "responses" and (self.key.caps_output or "max_output_tokens" in body):
+            body["max_output_tokens"] = hold.max_tokens  # the client's, or what budgets cover
+        if self.kind != "responses":  # a Responses call's stream_options are the client's
+            body.pop("stream_options", None)
+        return body
+
+    def _cap(self, body: dict[str, Any], deployment: Deployment, cap: int) -> None:
+        """The client's output limits go as sent unless the call needs a cap: the key's
+        budgets or tpm bound the output, or the provider requires one (Anthropic). A limit
+        the client sent is then lowered to the cap in its own field (the model accepts that
+        field); with none, the cap goes in the provider's field. /v1/messages' max_tokens is
+        Anthropic's, not the client's OpenAI field: it always goes in the provider's."""
+        provider = self.gateway.config.providers.get(deployment.provider)
+        field = _TOKEN_FIELD[self.kind]
+        if provider is not None and self.kind == "chat":
+            field = provider.token_field
+        if self.route == "messages":
+            body.pop("max_tokens", None)
+        elif not self.key.caps_output and (provider is None or provider.kind != "anthropic"):
+            return  # nothing to bound: no limit is added (reasoning models refuse max_tokens)
+        sent = [name for name in _OUTPUT_LIMITS if body.get(name) is not None]
+        for name in sent:
+            body[name] = min(body[name], cap)
+        if not sent:
+            body[field] = cap
+
+    async def _attempt(
+        self, deployment: Deployment, provider: Provider, hold: Hold
+    ) -> dict[str, Any] | Stream:
+        self.hold_id = self.gateway.shares.store_hold(hold.id)
+        try:  # durable before the call leaves: a process killed now leaves this row behind
+            await self.gateway.ledger.pending(self._pending_row(deployment, hold))
+        except BaseException as error:
+            self.gateway._spawn(self._settle(hold, None, accepted=False))
+            self.gateway.router.finished(deployment, "neutral", 0.0)
+            if not isinstance(error, GatewayError):  # _dispatch logs those
+                self.log(deployment, provider, "client_disconnected")
+            raise
+        self.attempts += 1
+        self.deployment = deployment
+        body = self._upstream_body(deployment, hold)
+        sent = time.perf_counter()
+        ends_by = asyncio.get_running_loop().time() + deployment.deadline
+        if not self.stream:
+            try:
+                async with asyncio.timeout_at(ends_by):
+                    reply = await provider.send(self.kind, body, deployment.timeout)
+            except TimeoutError:  # the attempt's deadline: the provider may have served it
+                await self._settle(hold, None, accepted=True)
+                self.gateway.router.finished(deployment, "failed", 0.0)
+                raise UpstreamError(
+                    f"provider {provider.name!r} did not answer within the deployment's "
+                    f"deadline ({deployment.deadline:g}s)", status=504, accepted=True,
+                    retryable=False,  # the attempt's time is spent, and it may be billed
+                ) from None  # fmt: skip
+            except UpstreamError as error:
+                await self._settle(hold, None, accepted=error.accepted)
+                self.gateway.router.finished(
+                    deployment, "failed" if error.retryable else "neutral", 0.0
+                )
+                raise
+            except BaseException:  # cancelled while waiting: the provider may have served it
+                self.gateway._spawn(self._cut(hold, deployment, provider))
+                self.gateway.router.finished(deployment, "neutral", 0.0)
+                raise
+            elapsed = time.perf_counter() - sent
+            self.ttft = elapsed
+            self.gateway.router.finished(deployment, "ok", elapsed)
+            # the hold already covers the call: settling (which only gives back) and logging
+            # need not delay the answer
+            usage = response_usage(reply) if self.kind == "responses" else openai_usage(reply)
+            self.gateway._after_answer(self.key.id, self._close(hold, usage, deployment, provider))
+            return reply
+        upstream = provider.stream(self.kind, body, deployment.timeout).__aiter__()
+        try:
+            wait = min(deployment.timeout, deployment.deadline)
+            first = await asyncio.wait_for(upstream.__anext__(), wait)
+        except (UpstreamError, TimeoutError, StopAsyncIteration) as error:
+            with contextlib.suppress(Exception):
+                await upstream.aclose()  # type: ignore[attr-defined]
+            accepted = isinstance(error, UpstreamError) and error.accepted
+            await self._settle(hold, None, accepted=accepted)
+            self.gateway.router.finished(deployment, "failed", 0.0)
+            if isinstance(error, UpstreamError):
+                raise
+            raise UpstreamError(
+                f"provider {provider.name!r} sent nothing within {deployment.timeout:g}s",
+                status=504,
+                accepted=accepted,
+            ) from None
+        except BaseException:  # cancelled while waiting: the provider may have served it
+            self.gateway._spawn(self._cut(hold, deployment, provider))
+            self.gateway.router.finished(deployment, "neutral", 0.0)
+            raise
+        self.ttft = time.perf_counter() - sent
+
+        async def ended(usage: Usage | None, status: str) -> None:
+            await self._settle(hold, usage, accepted=True)
+            outcome = "failed" if status in ("upstream_error", "upstream_incomplete") else "ok"
+            self.gateway.router.finished(deployment, outcome, time.perf_counter() - sent)
+            self.log(deployment, provider, status)
+
+        def on_end(usage: Usage | None, status: str) -> Awaitable[None]:
+            # deferred like a whole answer's, and as visible to the key's next refused hold
+            return self.gateway._deferred(self.key.id, ended(usage, status))
+
+        options = self.body.get("stream_options") or {}
+        responses = self.kind == "responses"  # its usage is in its last event, always sent
+        result = (ResponseStream if responses else Stream)(
+            first,
+            upstream,
+            include_usage=responses or bool(options.get("include_usage")),
+            drain=self.gateway.config.stream_drain,
+            on_end=on_end,
+            request_id=self.request_id,
+            secrets=self.gateway.secrets,
+            deadline=ends_by,
+        )
+        self.gateway._track(result.task)
+        return result
+
+    async def _close(
+        self, hold: Hold, usage: Usage | None, deployment: Deployment, provider: Provider
+    ) -> None:
+        await self._settle(hold, usage, accepted=True)
+        self.log(deployment, provider, "ok")
+
+    async def _cut(self, hold: Hold, deployment: Deployment, provider: Provider) -> None:
+        """A call whose caller left while the provider had it: charged in full, as it may
+        have been served."""
+        await self._settle(hold, None, accepted=True)
+        self.log(deployment, provider, "client_disconnected")
+
+    def _pending_row(self, deployment: Deployment, hold: Hold) -> LedgerRow:
+        """The row of the call as it is dispatched: what it cost so far plus the full hold,
+        which is what the lease rule charges if its end is never logged."""
+        return dataclasses.replace(
+            self.row(deployment, "pending"),
+            tokens_in=self.tokens_in + hold.input_tokens,
+            tokens_out=self.tokens_out + hold.max_tokens,
+            cost_micros=self.cost + hold.cost,
+            ttft_ms=None,
+            latency_ms=0.0,
+            attempts=self.attempts + 1,
+        )
+
+    async def _settle(self, hold: Hold, usage: Usage | None, *, accepted: bool) -> Settlement:
+        settlement = await self.gateway.accountant.settle(hold, usage, accepted=accepted)
+        self.cost += settlement.cost_micros
+        self.tokens_in += settlement.tokens_in
+        self.tokens_out += settlement.tokens_out
+        self.tokens_cached += settlement.tokens_cached
+        self.tokens_cache_write += settlement.tokens_cache_write
+        self.uncharged += settlement.uncharged_micros
+        return settlement
+
+    def log(self, deployment: Deployment | None, provider: Provider | None, status: str) -> None:
+        row = self.row(deployment, status)
+        self.gateway.ledger.add(row)
+        for observe in self.gateway.observers:
+            observe(row)
+
+    def row(self, deployment: Deployment | None, status: str) -> LedgerRow:
+        deployment = deployment or self.deployment
+        return LedgerRow(
+            request_id=self.request_id,
+            key_id=self.key.id,
+            route=self.route,
+            model_requested=self.gateway.secrets.scrub(self.model),  # the client's own text
+            model_dispatched=deployment.group if deployment else None,
+            provider=deployment.provider if deployment else None,
+            deployment=deployment.model if deployment else None,
+            tokens_in=self.tokens_in,
+            tokens_out=self.tokens_out,
+            cost_micros=self.cost,
+            price_version=self.gateway.config.prices.version,
+            ttft_ms=self.ttft * 1000 if self.ttft is not None else None,
+            latency_ms=(time.perf_counter() - self.started) * 1000,
+            status=status,
+            attempts=self.attempts,
+            created_at=self.created_at,
+            tokens_cached=self.tokens_cached,
+            tokens_cache_write=self.tokens_cache_write,
+            uncharged_micros=self.uncharged,
+            hold_id=self.hold_id,
+        )
