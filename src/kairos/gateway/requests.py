@@ -121,7 +121,7 @@ def check_embedding(body: dict[str, Any]) -> tuple[str, int]:
 _CONTROLS = frozenset({
     "model", "max_tokens", "max_completion_tokens", "stream", "stream_options", "n", "stop",
     "temperature", "top_p", "seed", "user", "presence_penalty", "frequency_penalty",
-    "logprobs", "top_logprobs", "best_of", "echo", "suffix", "encoding_format", "dimensions",
+    "logprobs", "top_logprobs", "best_of", "echo", "encoding_format", "dimensions",
     "metadata", "store", "service_tier", "parallel_tool_calls", "logit_bias",
 })  # fmt: skip
 
@@ -132,8 +132,9 @@ _IMAGES = frozenset({"image_url", "input_image", "image"})
 _FILES = frozenset({"file", "input_file", "document"})
 _AUDIO = "input_audio"
 _MARKS = tuple(f'"type":"{kind}"'.encode() for kind in _IMAGES | _FILES | {_AUDIO})
-# Responses API fields that bring in input the request does not carry
-_STORED = ("previous_response_id", "conversation")
+# fields that bring in input the request does not carry: stored at the provider (Responses),
+# or search results (chat's web_search_options)
+_STORED = ("previous_response_id", "conversation", "web_search_options")
 _TOOL_KINDS = frozenset({"function", "custom"})  # others (web search, ...) read unbounded input
 
 
@@ -163,7 +164,11 @@ def input_parts(body: dict[str, Any]) -> InputParts:
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object"):
         count += 1  # a provider may render it as a tool (kairos' Anthropic translation does)
-    unbounded = next((name for name in _STORED if body.get(name)), None)
+    unbounded = next((name for name in _STORED if body.get(name) is not None), None)
+    given = body.get("input")
+    for index, item in enumerate(given if isinstance(given, list) else []):
+        if unbounded is None and isinstance(item, dict) and item.get("type") == "item_reference":
+            unbounded = f"input[{index}]"  # a stored item, fetched by the provider
     for index, tool in enumerate(tools):
         if unbounded is None and isinstance(tool, dict) and tool.get("type") not in _TOOL_KINDS:
             unbounded = f"tools[{index}]"
