@@ -24,7 +24,8 @@ behaviour chosen by the upstream model name (or `behaviour[model]`, changeable m
 
 /v1/responses (the Responses API) answers echo, fail, busy, bad and slow the same, and streams
 typed events ending with `response.completed` (usage in it); `cut` drops the connection after
-two deltas, `broken` sends an `error` event (quoting the credential), `truncated` ends without
+two deltas, `broken` sends an `error` event (quoting the credential; `wordy` quotes it after
+254 characters of filler), `truncated` ends without
 a terminal event, `failing` ends with `response.failed` (usage in it), `late` sends its deltas
 0.1 s apart, `forging` sends an event whose type holds line breaks.
 
@@ -318,8 +319,10 @@ class FakeUpstream:
                 await asyncio.sleep(0.1)
             if index == 2 and mode == "cut":
                 raise RuntimeError("scripted cut")  # uvicorn drops the connection
-            if index == 2 and mode == "broken":
-                message = f"scripted overload ({quoted})"
+            if index == 2 and mode in ("broken", "wordy"):
+                # wordy: the key lies across the 300 characters a provider's message is cut to
+                filler = "x" * 254 if mode == "wordy" else ""
+                message = f"scripted overload {filler}({quoted})"
                 yield event({"type": "error", "code": "server_error", "message": message})
                 return
             yield event({"type": "response.output_text.delta", **where, "delta": "tok ",

@@ -45,8 +45,13 @@ from kairos.gateway.errors import (
 )
 from kairos.gateway.http import HTTPClient
 from kairos.gateway.providers import event_stream, json_reply, post
-from kairos.gateway.responses_chat import response_events, to_chat, to_response
-from kairos.gateway.scrub import Secrets
+from kairos.gateway.responses_chat import (
+    check_fields,
+    response_events,
+    to_chat,
+    to_response,
+    untranslatable,
+)
 
 API_VERSION = "2023-06-01"
 _STOP = {
@@ -109,14 +114,6 @@ _IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 JSON_ANSWER = "json_answer"  # the forced tool a json_object response_format becomes
 
 
-def _untranslatable(name: str, why: str = "") -> InvalidRequest:
-    return InvalidRequest(
-        f"{name} cannot be sent to an Anthropic deployment{why}; drop it, or call a model "
-        "served by an OpenAI-compatible deployment",
-        param=name,
-    )
-
-
 def _data_url(url: str, where: str) -> tuple[str, str]:
     """(media type, base64 data) of a `data:<type>;base64,<data>` URL."""
     head, comma, data = url.partition(",")
@@ -155,10 +152,10 @@ def _file_block(part: dict[str, Any], where: str) -> dict[str, Any]:
     file = part.get("file")
     data_url = file.get("file_data") if isinstance(file, dict) else None
     if not isinstance(data_url, str):
-        raise _untranslatable(f"{where}.file", " unless it has file_data (file ids are OpenAI's)")
+        raise untranslatable(f"{where}.file", " unless it has file_data (file ids are OpenAI's)")
     media, data = _data_url(data_url, f"{where}.file.file_data")
     if media != "application/pdf":
-        raise _untranslatable(f"{where}.file", f" as {media!r} (Anthropic reads PDFs)")
+        raise untranslatable(f"{where}.file", f" as {media!r} (Anthropic reads PDFs)")
     return {"type": "document", "source": {"type": "base64", "media_type": media, "data": data}}
 
 
@@ -179,7 +176,7 @@ def _user_blocks(content: Any, where: str) -> list[dict[str, Any]]:
         elif kind == "file":
             blocks.append(_file_block(part, at))
         else:
-            raise _untranslatable(f"{at}.type", f" as {kind!r} (it takes text, image_url, file)")
+            raise untranslatable(f"{at}.type", f" as {kind!r} (it takes text, image_url, file)")
     return blocks
 
 
@@ -190,7 +187,7 @@ def _assistant_blocks(message: dict[str, Any], where: str) -> list[dict[str, Any
         for index, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind not in ("text", "refusal"):
-                raise _untranslatable(f"{where}.content[{index}].type", f" as {kind!r}")
+                raise untranslatable(f"{where}.content[{index}].type", f" as {kind!r}")
             if part.get(kind):
                 blocks.append({"type": "text", "text": str(part[kind])})
     elif content:
@@ -204,7 +201,7 @@ def _assistant_blocks(message: dict[str, Any], where: str) -> list[dict[str, Any
         at = f"{where}.tool_calls[{index}]"
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or call.get("type", "function") != "function":
-            raise _untranslatable(f"{at}.type", " unless it is a function call")
+            raise untranslatable(f"{at}.type", " unless it is a function call")
         arguments = function.get("arguments") or "{}"
         try:
             given = orjson.loads(arguments) if isinstance(arguments, str) else None
@@ -250,7 +247,7 @@ def _anthropic_messages(raw: Any) -> tuple[list[str], list[dict[str, Any]]]:
         extra = sorted(k for k, v in message.items() if v is not None)
         extra = [k for k in extra if k not in _MESSAGE_FIELDS[role]]
         if extra:
-            raise _untranslatable(f"{where}.{extra[0]}", f" (on a {role} message)")
+            raise untranslatable(f"{where}.{extra[0]}", f" (on a {role} message)")
         if role in ("system", "developer"):
             system.append(content_text(message.get("content", ""), f"{where}.content"))
             continue
@@ -275,7 +272,7 @@ def _anthropic_tools(tools: Any) -> list[dict[str, Any]]:
     for index, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or tool.get("type") != "function":
-            raise _untranslatable(f"tools[{index}]", " unless it is a function tool")
+            raise untranslatable(f"tools[{index}]", " unless it is a function tool")
         if not isinstance(function.get("name"), str):
             raise InvalidRequest(f"tools[{index}].function.name is required",
                                  param=f"tools[{index}].function.name")  # fmt: skip
@@ -343,24 +340,11 @@ def _answer_tools(response_format: Any) -> list[dict[str, Any]]:
             param="response_format",
         )
     if not isinstance(schema, dict) or schema.get("type") != "object":
-        raise _untranslatable(
+        raise untranslatable(
             "response_format.json_schema.schema", " unless its root is an object schema"
         )
     description = spec.get("description") or "Give the answer in this schema."
     return [{"name": spec["name"], "description": description, "input_schema": schema}]
-
-
-def _check_fields(body: dict[str, Any]) -> None:
-    """A 400 naming the first field an Anthropic call cannot honour."""
-    for name in sorted(body):
-        value = body[name]
-        if value is None or name in _CARRIED or name in _HARMLESS:
-            continue
-        if name in _DEFAULTS and value == _DEFAULTS[name]:
-            continue
-        if name in _DEFAULTS:
-            raise _untranslatable(name, f" as {value!r} (only {_DEFAULTS[name]!r})")
-        raise _untranslatable(name)
 
 
 def to_anthropic(body: dict[str, Any]) -> dict[str, Any]:
@@ -372,7 +356,7 @@ def to_anthropic(body: dict[str, Any]) -> dict[str, Any]:
     ...     "messages": [{"role": "user", "content": "hi"}]})["tool_choice"]
     {'type': 'any'}
     """
-    _check_fields(body)
+    check_fields(body, _CARRIED, _HARMLESS, _DEFAULTS)
     system, messages = _anthropic_messages(body.get("messages"))
     request: dict[str, Any] = {
         "model": body["model"],
@@ -403,7 +387,7 @@ def to_anthropic(body: dict[str, Any]) -> dict[str, Any]:
     answer = _answer_tools(body.get("response_format"))
     if answer:
         if body.get("tools"):
-            raise _untranslatable(
+            raise untranslatable(
                 "response_format", " together with tools (a JSON answer is a forced tool there)"
             )
         request["tools"] = answer
@@ -585,8 +569,7 @@ class AnthropicProvider:
             async for chunk in chunks:
                 yield orjson.dumps(chunk)
         except UpstreamError as error:
-            error.accepted = True
-            Secrets.of_provider(self.config).scrub_error(error)  # it may quote the key it got
+            error.accepted = True  # a quoted key is masked by the gateway's Stream
             raise
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]

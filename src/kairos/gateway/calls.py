@@ -26,7 +26,6 @@ from kairos.gateway.accounting import (
     new_id,
     parts_bound,
 )
-from kairos.gateway.anthropic import AnthropicProvider
 from kairos.gateway.config import Deployment
 from kairos.gateway.errors import (
     BudgetExceeded,
@@ -115,12 +114,11 @@ class Call:
                     param="model",
                 )
                 continue
-            if isinstance(provider, AnthropicProvider):
-                try:  # before any hold: a field Anthropic cannot take is a 400, never dropped
-                    provider.check(self.kind, self.body)
-                except InvalidRequest as error:
-                    last = error
-                    continue
+            try:  # before any hold: a field the provider cannot take is a 400, never dropped
+                provider.check(self.kind, self.body)
+            except InvalidRequest as error:
+                last = error
+                continue
             price = deployment.price or gateway.config.prices.get(deployment.model)
             if price is None:
                 if any(b.usd_micros is not None for b in key.budgets):

@@ -6,14 +6,17 @@ feature graph's LLM resolvers) calls it directly with no HTTP hop:
 >>> plain, key = await gateway.create_key(name="features", models=["chat"])  # doctest: +SKIP
 >>> reply = await gateway.chat(key, {"model": "chat", "messages": [...]})  # doctest: +SKIP
 
-Every call, on every route, goes through `_dispatch` and its `Call` (calls.py): the only code
-that talks to a provider, and it holds before and settles after each attempt. A streamed
-answer is a `Stream` (streams.py).
+Every generating call, on every route, goes through `_dispatch` and its `Call` (calls.py),
+which holds before and settles after each attempt. `count_tokens` generates nothing: it asks
+its provider itself, after a hold that counts it against the key's rpm, and is logged as a
+Call's rows are (route count_tokens, no tokens, no cost). A streamed answer is a `Stream`
+(streams.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import os
@@ -24,7 +27,6 @@ from typing import Any
 
 from kairos.gateway import requests
 from kairos.gateway.accounting import PROCESS, Accountant, input_bound
-from kairos.gateway.anthropic import AnthropicProvider
 from kairos.gateway.calls import Call
 from kairos.gateway.config import GatewayConfig
 from kairos.gateway.counters import Counters, counters_from_url
@@ -37,7 +39,8 @@ from kairos.gateway.errors import (
 )
 from kairos.gateway.keys import KeyRecord, key_id, key_spec, new_key
 from kairos.gateway.ledger import LedgerRow, LedgerWriter
-from kairos.gateway.messages import chat_tokens, count_request
+from kairos.gateway.messages import count_request
+from kairos.gateway.prices import Price
 from kairos.gateway.providers import Provider, provider_for
 from kairos.gateway.recovery import recover
 from kairos.gateway.registry import Registry, registry_from_url
@@ -259,29 +262,44 @@ class Gateway:
         )
 
     async def count_tokens(self, key: KeyRecord | str, body: dict[str, Any]) -> int:
-        """Input tokens of a /v1/messages request (Anthropic's count_tokens), not billed: the
-        model's first deployment the key may use counts them, Anthropic's by its provider,
-        another here when kairos has the model's own tokenizer (else a 400)."""
+        """Input tokens of a /v1/messages request (Anthropic's count_tokens), counted by the
+        model's first deployment the key may use (`Provider.count_tokens`: Anthropic's by its
+        endpoint, another by the model's own tokenizer). Not billed, but a request like any
+        other for the key's rpm, and logged (route count_tokens, no tokens, no cost)."""
         record = key if isinstance(key, KeyRecord) else await self.authenticate(key)
+        if not self._started:
+            await self.start()
         chat = count_request(body)
-        group = self.router.group_of(chat["model"])
-        deployments = self.router.candidates(group, record.allows)
-        if not self.router.reachable(group, record.allows):
-            raise ModelNotAllowed(
-                f"key {record.id!r} may not use model {chat['model']!r}; GET /v1/models lists "
-                "the models it may use",
-                param="model",
-            )
-        if not deployments:
-            raise UpstreamError(
-                f"every deployment of model {chat['model']!r} is failing; retry shortly", status=503
-            )
-        deployment = deployments[0]
-        provider = self.providers[deployment.provider]
-        if isinstance(provider, AnthropicProvider):
+        call = Call(self, record, "count_tokens", "count_tokens", chat["model"], chat, False, 0, 0)
+        try:
+            group = self.router.group_of(chat["model"])
+            deployments = self.router.candidates(group, record.allows)
+            if not self.router.reachable(group, record.allows):
+                raise ModelNotAllowed(
+                    f"key {record.id!r} may not use model {chat['model']!r}; GET /v1/models "
+                    "lists the models it may use",
+                    param="model",
+                )
+            if not deployments:
+                raise UpstreamError(
+                    f"every deployment of model {chat['model']!r} is failing; retry shortly",
+                    status=503,
+                )
+            deployment = deployments[0]
+            # only the rpm applies: nothing is generated, and counting is not billed
+            requests_only = dataclasses.replace(record, budgets=(), tpm=None)
+            hold = await self.accountant.hold(requests_only, Price(0, 0), 0, 0)
+            await self.accountant.settle(hold, None, accepted=False)
+            call.attempts = 1
             upstream = {**body, "model": deployment.model}
-            return await provider.count_tokens(upstream, deployment.timeout)
-        return chat_tokens(chat, deployment.model)
+            provider = self.providers[deployment.provider]
+            tokens = await provider.count_tokens(upstream, deployment.timeout)
+        except GatewayError as error:
+            self.secrets.scrub_error(error)  # whatever provider built it, no credential leaves
+            call.log(None, None, error.code)
+            raise
+        call.log(deployment, provider, "ok")
+        return tokens
 
     async def _dispatch(
         self,

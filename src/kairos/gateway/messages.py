@@ -356,6 +356,12 @@ def count_request(body: dict[str, Any]) -> dict[str, Any]:
     return messages_to_chat({**body, "max_tokens": 1})
 
 
+def tokenizer_count(body: dict[str, Any]) -> int:
+    """Input tokens of a count_tokens body (`body["model"]` the upstream model) by the model's
+    own tokenizer, for a provider with no count endpoint; a 400 when kairos has none."""
+    return chat_tokens(count_request(body), body["model"])
+
+
 def chat_tokens(chat: dict[str, Any], model: str) -> int:
     """Input tokens of a chat request by the model's own tokenizer, framed as OpenAI's
     cookbook counts them (3 per message, 3 priming the reply); tool definitions count as

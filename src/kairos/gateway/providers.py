@@ -94,6 +94,16 @@ class Provider(Protocol):
         UpstreamError (before or after the first chunk)."""
         ...
 
+    def check(self, kind: str, body: dict[str, Any]) -> None:
+        """Raise InvalidRequest (naming the field) when `body` cannot be sent as it is: run
+        before anything is held, so a field the provider cannot carry is never dropped."""
+        ...
+
+    async def count_tokens(self, body: dict[str, Any], timeout: float) -> int:
+        """Input tokens of an Anthropic count_tokens body (`body["model"]` is the upstream
+        model); a 400 when they cannot be counted exactly."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -274,7 +284,8 @@ class OpenAICompatible:
                 continue  # read on to the body's end, so the connection is reused
             kind = sse.data_type(data)
             if kind == "error" or event.event == "error":
-                message = _event_message(data)[:300]
+                # masked before it is cut: a key across the cut would leave its head behind
+                message = self._secrets.scrub(_event_message(data))[:300]
                 raise UpstreamError(
                     f"provider {self.name!r} failed mid-stream: {message}", accepted=True
                 )
@@ -309,6 +320,14 @@ class OpenAICompatible:
             text = problem.get("message") if isinstance(problem, dict) else problem
             text = self._secrets.scrub(str(text))[:300]  # a provider may quote the key it got
             raise UpstreamError(f"provider {self.name!r} failed mid-stream: {text}", accepted=True)
+
+    def check(self, kind: str, body: dict[str, Any]) -> None:
+        """Nothing to translate: the call goes in the provider's own wire format."""
+
+    async def count_tokens(self, body: dict[str, Any], timeout: float) -> int:
+        from kairos.gateway.messages import tokenizer_count  # it imports this module
+
+        return tokenizer_count(body)  # the OpenAI API has no count endpoint
 
     async def close(self) -> None:
         await self._client.close()

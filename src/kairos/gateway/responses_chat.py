@@ -22,9 +22,9 @@ from kairos.gateway.accounting import new_id
 from kairos.gateway.errors import InvalidRequest
 
 _PASSED = ("model", "temperature", "top_p", "parallel_tool_calls", "stream")
-_TRANSLATED = frozenset({
-    "input", "instructions", "max_output_tokens", "tools", "tool_choice", "text", "user",
-    "safety_identifier",
+_CARRIED = frozenset({
+    *_PASSED, "input", "instructions", "max_output_tokens", "tools", "tool_choice", "text",
+    "user", "safety_identifier",
 })  # fmt: skip
 # fields that do not change the answer (the gateway keeps no responses, bills by its prices)
 _HARMLESS = frozenset({"store", "metadata", "stream_options", "prompt_cache_key", "service_tier"})
@@ -32,12 +32,31 @@ _DEFAULTS: dict[str, Any] = {"truncation": "disabled", "include": [], "backgroun
 _ROLES = frozenset({"user", "assistant", "system", "developer"})
 
 
-def _untranslatable(field: str, detail: str = "") -> InvalidRequest:
+def untranslatable(name: str, why: str = "") -> InvalidRequest:
+    """The 400 for a field (or part) kairos' Anthropic translation cannot carry."""
     return InvalidRequest(
-        f"{field}{detail} cannot be translated for this model's deployment (an Anthropic one "
-        "serves the Responses API through chat); drop it or use an OpenAI-kind model",
-        param=field,
+        f"{name} cannot be sent to an Anthropic deployment{why}; drop it, or call a model "
+        "served by an OpenAI-compatible deployment",
+        param=name,
     )
+
+
+def check_fields(
+    body: dict[str, Any],
+    carried: frozenset[str],
+    harmless: frozenset[str],
+    defaults: dict[str, Any],
+) -> None:
+    """A 400 naming the first field of `body` a translation cannot honour: one it neither
+    carries nor may drop (`harmless`, or at its value in `defaults`)."""
+    for name in sorted(body):
+        value = body[name]
+        if value is None or name in carried or name in harmless:
+            continue
+        if name not in defaults:
+            raise untranslatable(name)
+        if value != defaults[name]:
+            raise untranslatable(name, f" as {value!r} (only {defaults[name]!r})")
 
 
 # --- Responses request -> chat ---------------------------------------------------------------
@@ -45,12 +64,7 @@ def _untranslatable(field: str, detail: str = "") -> InvalidRequest:
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """A Responses request (already checked by `responses.check_responses`) as a chat one."""
-    for name in sorted(body):
-        value = body[name]
-        if value is None or name in _PASSED or name in _TRANSLATED or name in _HARMLESS:
-            continue
-        if name not in _DEFAULTS or value != _DEFAULTS[name]:
-            raise _untranslatable(name)
+    check_fields(body, _CARRIED, _HARMLESS, _DEFAULTS)
     messages: list[dict[str, Any]] = []
     if body.get("instructions"):
         messages.append({"role": "system", "content": body["instructions"]})
@@ -99,7 +113,7 @@ def _item(item: dict[str, Any], where: str, messages: list[dict[str, Any]]) -> N
         if role == "assistant":  # chat's assistant messages hold text only
             texts = [part.get("text", "") for part in parts if part["type"] == "text"]
             if len(texts) != len(parts):
-                raise _untranslatable(f"{where}.content", " (an assistant's parts are text)")
+                raise untranslatable(f"{where}.content", " (an assistant's parts are text)")
             messages.append({"role": role, "content": "".join(texts)})
         else:
             messages.append({"role": role, "content": parts})
@@ -122,7 +136,7 @@ def _item(item: dict[str, Any], where: str, messages: list[dict[str, Any]]) -> N
         if isinstance(output, list):
             texts = [p.get("text") for p in output if isinstance(p, dict)]
             if not all(isinstance(t, str) for t in texts) or len(texts) != len(output):
-                raise _untranslatable(f"{where}.output", " unless it is text")
+                raise untranslatable(f"{where}.output", " unless it is text")
             output = "".join(str(t) for t in texts)
         if not isinstance(output, str):
             raise InvalidRequest(f"{where}.output is a string", param=f"{where}.output")
@@ -130,7 +144,7 @@ def _item(item: dict[str, Any], where: str, messages: list[dict[str, Any]]) -> N
             {"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": output}
         )
     else:
-        raise _untranslatable(f"{where}.type", f" {kind!r}")
+        raise untranslatable(f"{where}.type", f" {kind!r}")
 
 
 def _part(part: Any, where: str) -> dict[str, Any]:
@@ -139,7 +153,7 @@ def _part(part: Any, where: str) -> dict[str, Any]:
         return {"type": "text", "text": str(part.get("text", ""))}
     if kind == "input_image":
         if not isinstance(part.get("image_url"), str):
-            raise _untranslatable(
+            raise untranslatable(
                 f"{where}.image_url", " unless it is a URL (file ids are OpenAI's)"
             )
         image: dict[str, Any] = {"url": part["image_url"]}
@@ -148,15 +162,15 @@ def _part(part: Any, where: str) -> dict[str, Any]:
         return {"type": "image_url", "image_url": image}
     if kind == "input_file":
         if not isinstance(part.get("file_data"), str):
-            raise _untranslatable(f"{where}.file_data", " is required (file ids are OpenAI's)")
+            raise untranslatable(f"{where}.file_data", " is required (file ids are OpenAI's)")
         file = {"file_data": part["file_data"], "filename": part.get("filename") or "file"}
         return {"type": "file", "file": file}
-    raise _untranslatable(f"{where}.type", f" {kind!r}")
+    raise untranslatable(f"{where}.type", f" {kind!r}")
 
 
 def _tool(tool: Any, where: str) -> dict[str, Any]:
     if not isinstance(tool, dict) or tool.get("type") != "function" or not tool.get("name"):
-        raise _untranslatable(f"{where}", " unless it is a function tool with a name")
+        raise untranslatable(f"{where}", " unless it is a function tool with a name")
     function = {"name": tool["name"]}
     for name in ("description", "parameters", "strict"):
         if tool.get(name) is not None:
@@ -169,12 +183,12 @@ def _tool_choice(choice: Any) -> Any:
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name"):
         return {"type": "function", "function": {"name": choice["name"]}}
-    raise _untranslatable("tool_choice", f" {choice!r}")
+    raise untranslatable("tool_choice", f" {choice!r}")
 
 
 def _format(text: Any) -> dict[str, Any] | None:
     if not isinstance(text, dict) or set(text) - {"format"}:
-        raise _untranslatable("text", " beyond its format")
+        raise untranslatable("text", " beyond its format")
     spec = text.get("format") or {"type": "text"}
     kind = spec.get("type") if isinstance(spec, dict) else None
     if kind == "text":
@@ -184,13 +198,13 @@ def _format(text: Any) -> dict[str, Any] | None:
     if kind == "json_schema":
         schema = {k: spec[k] for k in ("name", "schema", "strict", "description") if k in spec}
         return {"type": "json_schema", "json_schema": schema}
-    raise _untranslatable("text.format", f" {kind!r}")
+    raise untranslatable("text.format", f" {kind!r}")
 
 
 # --- chat answer -> response object ----------------------------------------------------------
 
 
-def response_usage(usage: Any) -> dict[str, Any] | None:
+def usage_as_responses(usage: Any) -> dict[str, Any] | None:
     """A chat answer's usage in the Responses API's names (cache writes carried along)."""
     if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
         return None
@@ -249,7 +263,7 @@ def to_response(reply: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
     for index, call in enumerate(message.get("tool_calls") or []):
         output.append(_call(f"fc_{ident[5:]}_{index}", call, "completed"))
     status = "incomplete" if choices[0].get("finish_reason") == "length" else "completed"
-    return _response(body, ident, status, output, response_usage(reply.get("usage")))
+    return _response(body, ident, status, output, usage_as_responses(reply.get("usage")))
 
 
 # --- chat stream -> the Responses stream's events --------------------------------------------
@@ -304,7 +318,7 @@ class _Events:
 
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
         frames: list[bytes] = []
-        self.usage = response_usage(chunk.get("usage")) or self.usage
+        self.usage = usage_as_responses(chunk.get("usage")) or self.usage
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("content"):

@@ -87,6 +87,14 @@ class DeploymentProvider:
         finally:
             await lease.__aexit__(None, None, None)
 
+    def check(self, kind: str, body: dict[str, Any]) -> None:
+        """Nothing to translate: replicas serve the OpenAI wire format."""
+
+    async def count_tokens(self, body: dict[str, Any], timeout: float) -> int:
+        from kairos.gateway.messages import tokenizer_count
+
+        return tokenizer_count(body)
+
     async def close(self) -> None:
         for client in self._upstreams.values():
             await client.close()
