@@ -369,9 +369,10 @@ def test_a_failover_to_anthropic_does_not_drop_fields(
     assert reply.choices[0].message.content == "tok tok "  # served by the Anthropic fallback
     assert upstream.received[-1]["tools"][0]["name"] == "weather"
     upstream.received.clear()
-    with pytest.raises(openai.BadRequestError) as failed:
+    # Claude cannot take seed: skipped, so the call fails with the primary's own failure
+    with pytest.raises(openai.InternalServerError) as failed:
         sdk.chat.completions.create(model="failover", messages=HI, seed=3, max_tokens=2)
-    assert failed.value.param == "seed"
+    assert failed.value.status_code == 502 and "scripted 500" in failed.value.message
     assert [sent["model"] for sent in upstream.received] == ["fail"]  # Claude was not called
 
 

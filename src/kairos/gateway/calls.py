@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Awaitable
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from kairos.gateway.config import Deployment
 from kairos.gateway.errors import (
     BudgetExceeded,
     GatewayError,
+    InternalError,
     InvalidRequest,
     ModelNotAllowed,
     PriceUnknown,
@@ -51,6 +53,20 @@ _FREE = Price(0, 0)  # an unpriced model, for keys without a USD budget
 # provider's `token_field`); a client's own field is kept, lowered to the cap
 _TOKEN_FIELD = {"chat": "max_completion_tokens", "completion": "max_tokens"}
 _OUTPUT_LIMITS = ("max_completion_tokens", "max_tokens")
+
+logger = logging.getLogger(__name__)
+
+
+def _skipped(last: GatewayError | None, error: GatewayError) -> GatewayError:
+    """What a call fails with once a candidate is skipped: a provider's failure before it
+    (the real one) is kept."""
+    return last if isinstance(last, UpstreamError) else error
+
+
+def _outcome(error: UpstreamError) -> str:
+    """The breaker's view of a failed attempt: a provider refusing the request (a 400) is
+    not failing."""
+    return "failed" if error.retryable or error.accepted else "neutral"
 
 
 class Call:
@@ -109,23 +125,29 @@ class Call:
                 break
             provider = gateway.providers[deployment.provider]
             if self.kind not in provider.kinds:
-                last = UnsupportedRoute(
-                    f"model {self.model!r} has no deployment that serves {self.kind} calls",
-                    param="model",
+                last = _skipped(
+                    last,
+                    UnsupportedRoute(
+                        f"model {self.model!r} has no deployment that serves {self.kind} calls",
+                        param="model",
+                    ),
                 )
                 continue
             try:  # before any hold: a field the provider cannot take is a 400, never dropped
                 provider.check(self.kind, self.body)
             except InvalidRequest as error:
-                last = error
+                last = _skipped(last, error)
                 continue
             price = deployment.price or gateway.config.prices.get(deployment.model)
             if price is None:
                 if any(b.usd_micros is not None for b in key.budgets):
-                    last = PriceUnknown(
-                        f"no price for {deployment.model!r}, and key {key.id!r} has a USD "
-                        "budget; add the model under gateway.prices",
-                        param="model",
+                    last = _skipped(
+                        last,
+                        PriceUnknown(
+                            f"no price for {deployment.model!r}, and key {key.id!r} has a USD "
+                            "budget; add the model under gateway.prices",
+                            param="model",
+                        ),
                     )
                     continue
                 price = _FREE
@@ -200,17 +222,23 @@ class Call:
         self, deployment: Deployment, provider: Provider, hold: Hold
     ) -> dict[str, Any] | Stream:
         self.hold_id = self.gateway.shares.store_hold(hold.id)
-        try:  # durable before the call leaves: a process killed now leaves this row behind
+        try:  # nothing is sent until this is done: any failure gives the hold back
+            body = self._upstream_body(deployment, hold)
+            # durable before the call leaves: a process killed now leaves this row behind
             await self.gateway.ledger.pending(self._pending_row(deployment, hold))
         except BaseException as error:
             self.gateway._spawn(self._settle(hold, None, accepted=False))
             self.gateway.router.finished(deployment, "neutral", 0.0)
-            if not isinstance(error, GatewayError):  # _dispatch logs those
+            if isinstance(error, GatewayError):  # _dispatch logs those
+                raise
+            if not isinstance(error, Exception):  # cancelled: the caller left
                 self.log(deployment, provider, "client_disconnected")
-            raise
+                raise
+            name = type(error).__name__
+            logger.error("a call failed before it was sent: %s: %s", name, self._text(error))
+            raise InternalError(f"internal error ({name}); the call was not sent") from None
         self.attempts += 1
         self.deployment = deployment
-        body = self._upstream_body(deployment, hold)
         sent = time.perf_counter()
         ends_by = asyncio.get_running_loop().time() + deployment.deadline
         if not self.stream:
@@ -227,14 +255,14 @@ class Call:
                 ) from None  # fmt: skip
             except UpstreamError as error:
                 await self._settle(hold, None, accepted=error.accepted)
-                self.gateway.router.finished(
-                    deployment, "failed" if error.retryable else "neutral", 0.0
-                )
+                self.gateway.router.finished(deployment, _outcome(error), 0.0)
                 raise
-            except BaseException:  # cancelled while waiting: the provider may have served it
+            except asyncio.CancelledError:  # the caller left: the provider may have served it
                 self.gateway._spawn(self._cut(hold, deployment, provider))
                 self.gateway.router.finished(deployment, "neutral", 0.0)
                 raise
+            except Exception as error:
+                raise await self._broken(error, hold, deployment, provider) from None
             elapsed = time.perf_counter() - sent
             self.ttft = elapsed
             self.gateway.router.finished(deployment, "ok", elapsed)
@@ -244,26 +272,31 @@ class Call:
             self.gateway._after_answer(self.key.id, self._close(hold, usage, deployment, provider))
             return reply
         upstream = provider.stream(self.kind, body, deployment.timeout).__aiter__()
+        wait = min(deployment.timeout, deployment.deadline)
         try:
-            wait = min(deployment.timeout, deployment.deadline)
             first = await asyncio.wait_for(upstream.__anext__(), wait)
-        except (UpstreamError, TimeoutError, StopAsyncIteration) as error:
-            with contextlib.suppress(Exception):
-                await upstream.aclose()  # type: ignore[attr-defined]
-            accepted = isinstance(error, UpstreamError) and error.accepted
-            await self._settle(hold, None, accepted=accepted)
-            self.gateway.router.finished(deployment, "failed", 0.0)
-            if isinstance(error, UpstreamError):
-                raise
-            raise UpstreamError(
-                f"provider {provider.name!r} sent nothing within {deployment.timeout:g}s",
-                status=504,
-                accepted=accepted,
-            ) from None
-        except BaseException:  # cancelled while waiting: the provider may have served it
+        except asyncio.CancelledError:  # the caller left: the provider may have served it
             self.gateway._spawn(self._cut(hold, deployment, provider))
             self.gateway.router.finished(deployment, "neutral", 0.0)
             raise
+        except Exception as error:
+            with contextlib.suppress(Exception):
+                await upstream.aclose()  # type: ignore[attr-defined]
+            if isinstance(error, TimeoutError):  # billed as sent: it may be, or about to be
+                error = UpstreamError(
+                    f"provider {provider.name!r} sent nothing within {wait:g}s",
+                    status=504, retryable=False, accepted=True,
+                )  # fmt: skip
+            elif isinstance(error, StopAsyncIteration):
+                error = UpstreamError(
+                    f"provider {provider.name!r} ended its stream before its first chunk",
+                    retryable=False, accepted=True,
+                )  # fmt: skip
+            elif not isinstance(error, UpstreamError):
+                raise await self._broken(error, hold, deployment, provider) from None
+            await self._settle(hold, None, accepted=error.accepted)
+            self.gateway.router.finished(deployment, _outcome(error), 0.0)
+            raise error from None
         self.ttft = time.perf_counter() - sent
 
         async def ended(usage: Usage | None, status: str) -> None:
@@ -296,6 +329,22 @@ class Call:
     ) -> None:
         await self._settle(hold, usage, accepted=True)
         self.log(deployment, provider, "ok")
+
+    async def _broken(
+        self, error: Exception, hold: Hold, deployment: Deployment, provider: Provider
+    ) -> UpstreamError:
+        """A provider that raised something else than an UpstreamError (a bug in it, or in its
+        client): whether it sent the request is unknown, so the hold is given back and the
+        next deployment tried."""
+        await self._settle(hold, None, accepted=False)
+        self.gateway.router.finished(deployment, "failed", 0.0)
+        name = type(error).__name__
+        logger.error("provider %r failed: %s: %s", provider.name, name, self._text(error))
+        return UpstreamError(f"provider {provider.name!r} failed ({name})")
+
+    def _text(self, error: BaseException) -> str:
+        """An exception's message as it may be logged: credentials masked, cut short."""
+        return self.gateway.secrets.scrub(str(error))[:300]
 
     async def _cut(self, hold: Hold, deployment: Deployment, provider: Provider) -> None:
         """A call whose caller left while the provider had it: charged in full, as it may

@@ -100,14 +100,12 @@ class UpstreamError(GatewayError, ConnectionError):
         *,
         status: int = 502,
         retryable: bool = True,
-        reached: bool = True,
         accepted: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
-        self.retryable = retryable
-        self.reached = reached  # the request got to the provider
-        self.accepted = accepted  # the provider answered 200: it may bill the call
+        self.retryable = retryable  # nothing was served: another deployment may be tried
+        self.accepted = accepted  # the request may have reached the provider: it may bill it
 
 
 class UpstreamIncomplete(UpstreamError):
@@ -118,6 +116,14 @@ class UpstreamIncomplete(UpstreamError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, accepted=True)  # after a 200: the provider took the call
+
+
+class InternalError(GatewayError, RuntimeError):
+    """A fault of the gateway's own (a bug): answered without its trace, nothing held for it."""
+
+    status = 500
+    kind = "api_error"
+    code = "internal_error"
 
 
 class AccountingUnavailable(GatewayError, RuntimeError):

@@ -388,7 +388,9 @@ class HTTPClient:
                     )
                 else:
                     connection = await self._tunnel(proxy, host, port)
-        except (OSError, TimeoutError) as error:
+        # a proxy that hangs up (EOFError) or answers garbage (LimitOverrunError, ValueError):
+        # the request was not sent either way (ssl.SSLError is an OSError)
+        except (OSError, TimeoutError, EOFError, asyncio.LimitOverrunError, ValueError) as error:
             raise HTTPFailure(
                 f"cannot connect to {where} ({type(error).__name__})", connected=False
             ) from None

@@ -126,20 +126,18 @@ def upstream_failure(provider: ProviderConfig, status: int, text: bytes) -> Upst
         f"provider {provider.name!r} answered {status}: {message or 'no message'}",
         status=status if 400 <= status < 500 and not retryable else 502,
         retryable=retryable,
-        reached=True,
     )
 
 
-def transport_failure(
-    provider: ProviderConfig, error: HTTPFailure, *, accepted: bool = False
-) -> UpstreamError:
+def transport_failure(provider: ProviderConfig, error: HTTPFailure) -> UpstreamError:
+    """An exchange that broke. Once the request was written (`connected`) the provider may
+    have served it: billable, and never sent to another deployment; before, nothing was."""
     text = Secrets.of_provider(provider).scrub(str(error))
     return UpstreamError(
         f"provider {provider.name!r} {'timed out' if error.timed_out else 'failed'}: {text}",
         status=504 if error.timed_out else 502,
-        retryable=True,
-        reached=error.connected,
-        accepted=accepted,
+        retryable=not error.connected,
+        accepted=error.connected,
     )
 
 
@@ -166,7 +164,9 @@ async def json_reply(provider: ProviderConfig, response: Response) -> dict[str, 
     try:
         text = await response.read()
     except HTTPFailure as error:
-        raise transport_failure(provider, error, accepted=response.status == 200) from None
+        if response.status != 200:  # its status already says it was not served
+            raise upstream_failure(provider, response.status, b"") from None
+        raise transport_failure(provider, error) from None
     if response.status != 200:
         raise upstream_failure(provider, response.status, text)
     try:
@@ -174,8 +174,12 @@ async def json_reply(provider: ProviderConfig, response: Response) -> dict[str, 
         reply = orjson.loads(Secrets.of_provider(provider).scrub(text))
     except orjson.JSONDecodeError:
         reply = None
-    if not isinstance(reply, dict):
-        raise UpstreamError(f"provider {provider.name!r} sent a body that is not a JSON object")
+    if not isinstance(reply, dict):  # after a 200: the provider may bill it
+        raise UpstreamError(
+            f"provider {provider.name!r} sent a body that is not a JSON object",
+            retryable=False,
+            accepted=True,
+        )
     return reply
 
 
@@ -183,8 +187,8 @@ async def refusal(provider: ProviderConfig, response: Response) -> UpstreamError
     """The UpstreamError for a streamed call answered with something other than 200."""
     try:
         text = await response.read()
-    except HTTPFailure as error:
-        return transport_failure(provider, error)
+    except HTTPFailure:  # its status already says it was not served
+        text = b""
     return upstream_failure(provider, response.status, text)
 
 
@@ -200,7 +204,7 @@ async def event_stream(provider: ProviderConfig, response: Response) -> AsyncIte
         for event in parser.close():
             yield event
     except HTTPFailure as error:
-        raise transport_failure(provider, error, accepted=True) from None
+        raise transport_failure(provider, error) from None  # connected: accepted
     except UpstreamError as error:
         error.accepted = True  # after a 200: the provider took the call
         raise
@@ -267,7 +271,7 @@ class OpenAICompatible:
                     "the answer may be cut short"
                 )
         except HTTPFailure as error:
-            raise transport_failure(self.config, error, accepted=True) from None
+            raise transport_failure(self.config, error) from None  # connected: accepted
         finally:
             response.close()
 

@@ -37,13 +37,11 @@ class Stream:
         drain: float,
         on_end: Callable[[Usage | None, str], Awaitable[None]],
         request_id: str,
-        settle_after: float = 0.0,
         secrets: Secrets | None = None,
         deadline: float | None = None,
     ) -> None:
         self.request_id = request_id
         self._ends_by = deadline  # loop time the attempt must end by, the stream included
-        self._settle_after = settle_after
         self._secrets = secrets or Secrets(())
         self.include_usage = include_usage
         self._drain = drain
@@ -101,10 +99,7 @@ class Stream:
                 status = "client_disconnected"
             if self.upstream_failed and status == "ok":
                 status = "upstream_error"
-            # settling and logging are not the client's to wait for: the reader writes the last
-            # frames first, and the client's next request is read and sent on first
-            await asyncio.sleep(self._settle_after)
-            await on_end(usage, status)
+            await on_end(usage, status)  # deferred by the gateway (`Gateway._deferred`)
 
     def _usage(self, chunk: bytes) -> Usage | None:
         """The usage a chunk carries (an OpenAI chat or completion chunk's)."""

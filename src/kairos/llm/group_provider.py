@@ -60,7 +60,7 @@ class DeploymentProvider:
     def _unavailable(self, error: DeploymentError) -> Exception:
         from kairos.gateway.errors import UpstreamError
 
-        return UpstreamError(str(error), status=503, retryable=True, reached=False)
+        return UpstreamError(str(error), status=503, retryable=True)
 
     async def _lease(self) -> tuple[Any, Any]:
         """(the lease, its replica); a group with no replica to give is a retryable 503."""
