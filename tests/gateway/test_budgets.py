@@ -94,7 +94,7 @@ def test_max_tokens_is_clamped_to_what_remains(
         headers={"authorization": f"Bearer {key}"},
     )
     assert response.status_code == 200
-    assert upstream.received[-1]["max_tokens"] == 40
+    assert upstream.received[-1]["max_completion_tokens"] == 40  # the cap, in the provider's field
 
 
 def test_refused_with_429_when_nothing_is_left(
@@ -131,7 +131,7 @@ def test_request_and_token_rate_limits(upstream: FakeUpstream, tmp_path: Path) -
             await gateway.close()
 
     asyncio.run(scenario())
-    assert upstream.received[2]["max_tokens"] == 12
+    assert upstream.received[2]["max_completion_tokens"] == 12
 
 
 def test_unpriced_model_is_refused_for_a_usd_budget(upstream: FakeUpstream, tmp_path: Path) -> None:

@@ -99,14 +99,14 @@ def test_the_cap_is_what_the_budget_covers(upstream: FakeUpstream, tmp_path: Pat
 @pytest.mark.parametrize(
     ("sent", "expected"),
     [
-        ({"max_tokens": 30}, {"max_tokens": 30}),  # within the cap: as sent
-        ({"max_tokens": 500}, {"max_tokens": 40}),  # the client's field, lowered to the cap
+        ({"max_tokens": 30}, {"max_completion_tokens": 30}),  # within the cap: its value
+        ({"max_tokens": 500}, {"max_completion_tokens": 40}),  # lowered to the cap
         ({"max_completion_tokens": 500}, {"max_completion_tokens": 40}),
         ({"max_tokens": 500, "max_completion_tokens": 20},
-         {"max_tokens": 20, "max_completion_tokens": 20}),  # whichever it reads: the hold's
+         {"max_completion_tokens": 20}),  # one field, the one the provider reads
     ],
 )  # fmt: skip
-def test_a_client_limit_stays_in_its_own_field(
+def test_a_client_limit_goes_in_the_provider_field(
     upstream: FakeUpstream, tmp_path: Path, sent: dict[str, Any], expected: dict[str, Any]
 ) -> None:
     key = {"budgets": [{"period": "day", "usd_micros": BOUND + 40}]}

@@ -13,7 +13,12 @@ budget and rate limit of the key, dispatch, then settle to what the call really 
   never pass its limit. What a report costs beyond the hold is not charged; the ledger records
   it (`uncharged_micros`) and a warning is logged. A call the provider accepted but whose usage
   never arrived stays charged in full (as does a hold whose lease runs out); a call that never
-  got an answer from the provider is released. Settling twice changes nothing.
+  got an answer from the provider is released. Settling twice changes nothing. Reported
+  counts are read as at least 0 (providers.py), and a settled amount is never below 0: a
+  report cannot give back budget.
+* A settle the store refuses (the hold's lease ran out first, or its budget share was given
+  back) leaves the full hold charged; the Settlement then is the full hold's (`lapsed`), so
+  the call's ledger row charges what the counters did.
 
 Counters: `{key}:usd:{period}:{stamp}` (micro-dollars), `{key}:tok:{period}:{stamp}` (tokens),
 `{key}:rpm:{minute}` and `{key}:tpm:{minute}` (fixed one-minute windows).
@@ -76,6 +81,9 @@ class Settlement:
     tokens_cached: int = 0  # of tokens_in: read from the provider's prompt cache
     tokens_cache_write: int = 0  # of tokens_in: written to it
     uncharged_micros: int = 0  # what the reported usage cost beyond the hold (not charged)
+    # settled too late (lease ran out, share given back): the full hold stays charged, and
+    # this settlement says so (cost and tokens are the hold's)
+    lapsed: bool = False
 
 
 def seconds_to_reset(period: str, now: float) -> int | None:
@@ -241,19 +249,20 @@ class Accountant:
         stamps = self._stamps(now)
         minute = stamps["minute"]
         tokens = input_tokens + max_tokens
-        lines = []
+        # one line per counter: two budgets of one period and unit (refused by key_spec, but
+        # possible in a record stored before) share a counter, and the lowest limit holds
+        limits: dict[str, int] = {}
         for budget in key.budgets:
             stamp = stamps[budget.period]
-            if budget.usd_micros is not None:
-                lines.append(
-                    Line(
-                        f"{key.id}:usd:{budget.period}:{stamp}",
-                        budget.usd_micros,
-                        price.cost(input_tokens, max_tokens),
-                    )
-                )
-            if budget.tokens is not None:
-                lines.append(Line(f"{key.id}:tok:{budget.period}:{stamp}", budget.tokens, tokens))
+            for unit, limit in (("usd", budget.usd_micros), ("tok", budget.tokens)):
+                if limit is not None:
+                    counter = f"{key.id}:{unit}:{budget.period}:{stamp}"
+                    limits[counter] = min(limit, limits.get(counter, limit))
+        cost = price.cost(input_tokens, max_tokens) if limits else 0
+        lines = [
+            Line(counter, limit, cost if ":usd:" in counter else tokens)
+            for counter, limit in limits.items()
+        ]
         if key.rpm is not None:
             lines.append(Line(f"{key.id}:rpm:{minute}", key.rpm, 1, now + _WINDOW))
         if key.tpm is not None:
@@ -330,10 +339,10 @@ class Accountant:
                 usage.input_tokens, usage.output_tokens,
                 cached=usage.cached, written=usage.written, written_1h=usage.written_1h,
             )  # fmt: skip
-            charged = min(cost, held_cost)
+            charged = max(0, min(cost, held_cost))  # never a refund, never past the hold
             settlement = Settlement(
                 charged, usage.input_tokens, usage.output_tokens, True,
-                usage.cached, usage.written, cost - charged,
+                usage.cached, usage.written, max(0, cost - charged),
             )  # fmt: skip
         elif accepted:
             settlement = Settlement(held_cost, hold.input_tokens, hold.max_tokens, False)
@@ -352,10 +361,21 @@ class Accountant:
             actual = {}
             for line in hold.lines:
                 if ":usd:" in line.counter:
-                    actual[line.counter] = min(settlement.cost_micros, line.amount)
+                    used = settlement.cost_micros
                 elif ":rpm:" in line.counter:
-                    actual[line.counter] = line.amount  # a request counts whatever happened
-                else:  # never more than held: the hold checked the limit, settling does not
-                    actual[line.counter] = min(tokens, line.amount)
-            await self.counters.settle(hold.id, actual)
+                    used = line.amount  # a request counts whatever happened
+                else:
+                    used = tokens
+                # never more than held (the hold checked the limit, settling does not), never
+                # below nothing (that would give back what other calls spent)
+                actual[line.counter] = max(0, min(used, line.amount))
+            if not await self.counters.settle(hold.id, actual):
+                # its lease ran out (or its share was given back): the store keeps the full
+                # hold charged, and so must the ledger
+                logger.warning(
+                    "hold %s was settled too late (its lease of %gs ran out, or its budget "
+                    "share was given back); the full hold stays charged",
+                    hold.id, self.lease,
+                )  # fmt: skip
+                return Settlement(held_cost, hold.input_tokens, hold.max_tokens, False, lapsed=True)
         return settlement

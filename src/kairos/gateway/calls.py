@@ -49,8 +49,7 @@ if TYPE_CHECKING:  # the gateway imports this module; a call only refers to its 
     from kairos.gateway.gateway import Gateway
 
 _FREE = Price(0, 0)  # an unpriced model, for keys without a USD budget
-# the field a capped call's output limit goes in when the client sent none (chat: the
-# provider's `token_field`); a client's own field is kept, lowered to the cap
+# the field a capped call's output limit goes in (chat: the provider's `token_field`)
 _TOKEN_FIELD = {"chat": "max_completion_tokens", "completion": "max_tokens"}
 _OUTPUT_LIMITS = ("max_completion_tokens", "max_tokens")
 
@@ -200,10 +199,10 @@ class Call:
 
     def _cap(self, body: dict[str, Any], deployment: Deployment, cap: int) -> None:
         """The client's output limits go as sent unless the call needs a cap: the key's
-        budgets or tpm bound the output, or the provider requires one (Anthropic). A limit
-        the client sent is then lowered to the cap in its own field (the model accepts that
-        field); with none, the cap goes in the provider's field. /v1/messages' max_tokens is
-        Anthropic's, not the client's OpenAI field: it always goes in the provider's."""
+        budgets or tpm bound the output, or the provider requires one (Anthropic). The cap
+        then goes in the provider's field (its `token_field`; max_tokens for completions),
+        the only one it is sure to read, and the other is dropped. /v1/messages' max_tokens
+        is Anthropic's, not the client's OpenAI field: it is always capped this way."""
         provider = self.gateway.config.providers.get(deployment.provider)
         field = _TOKEN_FIELD[self.kind]
         if provider is not None and self.kind == "chat":
@@ -212,11 +211,9 @@ class Call:
             body.pop("max_tokens", None)
         elif not self.key.caps_output and (provider is None or provider.kind != "anthropic"):
             return  # nothing to bound: no limit is added (reasoning models refuse max_tokens)
-        sent = [name for name in _OUTPUT_LIMITS if body.get(name) is not None]
-        for name in sent:
-            body[name] = min(body[name], cap)
-        if not sent:
-            body[field] = cap
+        for name in _OUTPUT_LIMITS:
+            body.pop(name, None)
+        body[field] = cap
 
     async def _attempt(
         self, deployment: Deployment, provider: Provider, hold: Hold

@@ -79,7 +79,9 @@ class Deployment:
     priority: int = 0
     weight: float = 1.0
     timeout: float = 60.0  # seconds each wait for the provider may take (head, each chunk)
-    deadline: float = 600.0  # seconds one attempt may take in all, a whole stream included
+    # seconds one attempt may take in all, a whole stream included; below the lease, so a
+    # hold outlives its call
+    deadline: float = 300.0
     price: Price | None = None
 
     @property
@@ -185,6 +187,9 @@ class GatewayConfig:
             for name, spec in _mapping(raw.get("prices"), f"{where}.prices").items()
         }
         breaker = _mapping(raw.get("breaker"), f"{where}.breaker")
+        lease = _seconds(raw.get("lease", "10m"), f"{where}.lease")
+        stream_drain = _seconds(raw.get("stream_drain", "60s"), f"{where}.stream_drain")
+        _within_lease(lease, stream_drain, models, where)
         return cls(
             providers=providers,
             models=models,
@@ -201,8 +206,8 @@ class GatewayConfig:
                 failures=_int(breaker.get("failures", 5), f"{where}.breaker.failures", 1),
                 cooldown=_seconds(breaker.get("cooldown", "30s"), f"{where}.breaker.cooldown"),
             ),
-            lease=_seconds(raw.get("lease", "10m"), f"{where}.lease"),
-            stream_drain=_seconds(raw.get("stream_drain", "60s"), f"{where}.stream_drain"),
+            lease=lease,
+            stream_drain=stream_drain,
             key_cache=_seconds(raw.get("key_cache", "1s"), f"{where}.key_cache"),
             body_timeout=_seconds(raw.get("body_timeout", "30s"), f"{where}.body_timeout"),
             budget_shares=_int(raw.get("budget_shares", 16), f"{where}.budget_shares", 0),
@@ -210,6 +215,28 @@ class GatewayConfig:
                 raw.get("default_max_tokens", 4096), f"{where}.default_max_tokens", 1
             ),
         )
+
+
+def _within_lease(
+    lease: float, stream_drain: float, models: Mapping[str, ModelGroup], where: str
+) -> None:
+    """Refuse an attempt that may outlive its hold's lease: settled after it, the call would
+    stay charged in full."""
+    if stream_drain >= lease:
+        raise GatewayConfigError(
+            f"{where}.stream_drain ({stream_drain:g}s) must be below {where}.lease "
+            f"({lease:g}s): a hold must outlive the stream it pays for; lower stream_drain "
+            "or raise lease"
+        )
+    for group in models.values():
+        for index, deployment in enumerate(group.deployments):
+            if deployment.deadline >= lease:
+                raise GatewayConfigError(
+                    f"{where}.models.{group.name}.deployments[{index}].deadline "
+                    f"({deployment.deadline:g}s) must be below {where}.lease ({lease:g}s): a "
+                    "hold must outlive the attempt it pays for; lower the deadline or raise "
+                    "lease"
+                )
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
@@ -317,7 +344,7 @@ def _group(name: str, spec: Any, providers: Mapping[str, ProviderConfig], where:
                 priority=_int(item.get("priority", 0), f"{at}.priority", -(1 << 30)),
                 weight=float(weight),
                 timeout=_seconds(item.get("timeout", "60s"), f"{at}.timeout"),
-                deadline=_seconds(item.get("deadline", "10m"), f"{at}.deadline"),
+                deadline=_seconds(item.get("deadline", "5m"), f"{at}.deadline"),
                 price=parse_price(item["price"], f"{at}.price") if "price" in item else None,
             )
         )

@@ -252,7 +252,7 @@ class Gateway:
     ) -> dict[str, Any] | Stream:
         """A /v1/messages call, already translated to a chat body; logged as route messages."""
         model, stream, wanted, parts = requests.check_chat(
-            chat_body, self.config.default_max_tokens
+            chat_body, self.config.default_max_tokens, stop_field="stop_sequences"
         )
         if stream:
             chat_body = {**chat_body, "stream_options": {"include_usage": True}}

@@ -169,6 +169,7 @@ def key_spec(body: Mapping[str, Any]) -> dict[str, Any]:
             'budgets is a list, e.g. [{"period": "day", "usd": 5}]', param="budgets"
         )
     spec["budgets"] = tuple(_budget(b, f"budgets[{i}]") for i, b in enumerate(budgets))
+    _distinct(spec["budgets"])
     expires = body.get("expires_at")
     if expires is not None:
         try:
@@ -190,6 +191,22 @@ def _integer(value: Any, where: str, low: int, high: int, unit: str) -> int:
             param=where,
         )
     return value
+
+
+def _distinct(budgets: Sequence[Budget]) -> None:
+    """Refuse two budgets of one period and unit: they would share one counter."""
+    seen: dict[tuple[str, str], int] = {}
+    for index, budget in enumerate(budgets):
+        for unit, amount in (("usd", budget.usd_micros), ("tokens", budget.tokens)):
+            if amount is None:
+                continue
+            first = seen.setdefault((budget.period, unit), index)
+            if first != index:
+                raise InvalidKeySpec(
+                    f"budgets[{index}] repeats the {budget.period} {unit} budget of "
+                    f"budgets[{first}]; give one budget per period and unit (keep the lowest)",
+                    param=f"budgets[{index}]",
+                )
 
 
 def _budget(raw: Any, where: str) -> Budget:

@@ -54,13 +54,18 @@ def chunk_usage(raw: bytes) -> Usage | None:
         return None
 
 
+# the most tokens one count is read as: far above any real call
+_MOST_TOKENS = 1 << 62
+
+
 def openai_usage(body: Any) -> Usage | None:
     """Usage from an OpenAI reply or stream chunk, when it carries one."""
     usage = body.get("usage") if isinstance(body, dict) else None
-    if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
+    prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if not isinstance(usage, dict) or not isinstance(prompt, int) or isinstance(prompt, bool):
         return None
-    prompt = usage["prompt_tokens"]
-    completion = _count(usage.get("completion_tokens"), 1 << 62)
+    prompt = _count(prompt, _MOST_TOKENS)  # a negative count would give budget back
+    completion = _count(usage.get("completion_tokens"), _MOST_TOKENS)
     details = usage.get("prompt_tokens_details")
     cached = _count(details.get("cached_tokens") if isinstance(details, dict) else None, prompt)
     # cache writes are Anthropic's, carried this way by kairos' translation (and LiteLLM's)

@@ -61,13 +61,33 @@ def _common(body: dict[str, Any], default_max_tokens: int) -> tuple[str, bool, i
             "billed), e.g. 2",
             param="n",
         )
-    wanted = _positive(body, "max_completion_tokens") or _positive(body, "max_tokens")
-    return model, stream, wanted or default_max_tokens
+    newer, older = _positive(body, "max_completion_tokens"), _positive(body, "max_tokens")
+    return model, stream, newer or older or default_max_tokens
 
 
-def check_chat(body: dict[str, Any], default_max_tokens: int) -> tuple[str, bool, int, int]:
-    """(model, stream, max_tokens wanted, input bytes + messages) of a chat request."""
+_MOST_STOPS = 4  # OpenAI's limit on stop sequences
+
+
+def _stop(body: dict[str, Any], field: str) -> None:
+    """`stop`: a string or a list of up to 4 strings (OpenAI's rule); from /v1/messages
+    (`field` stop_sequences) as many strings as Anthropic takes."""
+    stop = body.get("stop")
+    if stop is None or isinstance(stop, str):
+        return
+    most = _MOST_STOPS if field == "stop" else None  # Anthropic documents no limit
+    strings = isinstance(stop, list) and all(isinstance(s, str) for s in stop)
+    if not strings or (most is not None and len(stop) > most):
+        which = f"up to {most} strings" if most is not None else "strings"
+        raise InvalidRequest(f'{field} is a string or a list of {which}, e.g. ["END"]', param=field)
+
+
+def check_chat(
+    body: dict[str, Any], default_max_tokens: int, *, stop_field: str = "stop"
+) -> tuple[str, bool, int, int]:
+    """(model, stream, max_tokens wanted, input bytes + messages) of a chat request;
+    `stop_field` names the client's field `stop` came from (/v1/messages: stop_sequences)."""
     model, stream, wanted = _common(body, default_max_tokens)
+    _stop(body, stop_field)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest(
@@ -86,7 +106,14 @@ def check_chat(body: dict[str, Any], default_max_tokens: int) -> tuple[str, bool
 def check_completion(body: dict[str, Any]) -> tuple[str, bool, int, int]:
     """(model, stream, max_tokens wanted, number of prompts): each prompt gets an answer."""
     # the completions API's own default for max_tokens is 16
+    if body.get("max_completion_tokens") is not None:
+        raise InvalidRequest(
+            "max_completion_tokens is a chat completions field; the completions API takes "
+            "max_tokens",
+            param="max_completion_tokens",
+        )
     model, stream, wanted = _common(body, 16)
+    _stop(body, "stop")
     best_of = body.get("best_of")
     if best_of is not None and best_of != 1:
         raise InvalidRequest(
