@@ -210,10 +210,11 @@ def test_requests_beyond_capacity_queue_in_order_and_never_interrupt(slow_worker
     finals = asyncio.run(run())
     # every stream got all its tokens
     assert [f["usage"]["completion_tokens"] for f in finals] == [40, 40, 40, 40]
-    # strictly one after another, in arrival order: no stream's chunks interleave another's
-    spans = [(log[k][0], log[k][-1]) for k in "abcd"]
-    for (_, end), (start, _) in itertools.pairwise(spans):
-        assert start > end
+    # one after another, in arrival order: no stream's chunks interleave another's. A stream's
+    # last chunk and the next one's first can leave the worker in one loop turn, and the two
+    # client loops may then read them in either order; any earlier chunk must come first.
+    for before, after in itertools.pairwise("abcd"):
+        assert log[after][0] > log[before][-2]
     queued = [f["kairos_timings"]["queue_ms"] for f in finals]
     assert queued == sorted(queued) and queued[3] > queued[0] + 50
 
