@@ -17,6 +17,7 @@ the loop that meet it go to the thread for that moment; the loop itself never wa
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from kairos.gateway.errors import AccountingUnavailable
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _RETRIES = 20  # about 0.8 s of pauses in all
@@ -105,8 +108,8 @@ class SQLiteThread:
                 _, pages, _ = self._connection.execute("pragma wal_checkpoint(passive)").fetchone()
                 if pages > WAL_PAGES:
                     self._connection.execute("pragma wal_checkpoint(restart)")
-        except sqlite3.Error:
-            pass  # the next one catches up; a checkpoint changes no data
+        except sqlite3.Error as error:  # no data is lost; the WAL grows until one succeeds
+            logger.warning("checkpointing %s failed: %s", Path(self.path).name, error)
         finally:
             self._checkpointing = False
 
