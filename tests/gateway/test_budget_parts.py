@@ -27,7 +27,7 @@ from kairos.gateway.errors import InvalidRequest
 from kairos.gateway.ledger import LedgerRow, summarize
 from kairos.gateway.providers import Usage, openai_usage
 from kairos.gateway.registry import registry_from_url
-from kairos.gateway.requests import input_bytes
+from kairos.gateway.requests import input_parts
 from kairos.gateway.responses import response_usage
 from tests.gateway.conftest import PG_URL, config, deployment, drop_postgres, postgres_available
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream
@@ -152,7 +152,9 @@ def test_settling_never_charges_past_the_hold(upstream: FakeUpstream, tmp_path: 
     uncharged, with the reported tokens."""
     upstream.cache["overreport"] = {"read": 50_000}
     body = {"model": "overreport", "messages": HI, "max_tokens": 5}
-    held = input_bound(input_bytes(body), 1) + 5  # tokens and micro-dollars (CHEAP prices)
+    held = (
+        input_bound(input_parts(body).text_bytes, 1) + 5
+    )  # tokens and micro-dollars (CHEAP prices)
 
     async def scenario() -> tuple[list[int], LedgerRow]:
         gateway = gateway_for(upstream, tmp_path)
@@ -236,8 +238,10 @@ def test_tool_definitions_are_bounded_with_the_providers_tool_prompt(
 
     asyncio.run(scenario())
     sent = [b.get("max_completion_tokens") or b.get("max_tokens") for b in upstream.received]
-    text = input_bound(input_bytes(plain), 1)
-    with_tools = input_bound(input_bytes(tools), 1) + TOOLS_PROMPT_TOKENS + 2 * TOOL_TOKENS
+    text = input_bound(input_parts(plain).text_bytes, 1)
+    with_tools = (
+        input_bound(input_parts(tools).text_bytes, 1) + TOOLS_PROMPT_TOKENS + 2 * TOOL_TOKENS
+    )
     assert sent == [limit - text, limit - with_tools]
 
 
@@ -387,7 +391,7 @@ def test_n_answers_are_held_and_billed_n_times(upstream: FakeUpstream, tmp_path:
     """n = 3 on a 1,000-token budget: each answer gets a third of the output the budget
     leaves; the provider's usage covers all three, and so does the charge."""
     body = {"model": "chat", "messages": HI, "max_tokens": 10**4, "n": 3}
-    bound = input_bound(input_bytes(body), 1)
+    bound = input_bound(input_parts(body).text_bytes, 1)
 
     async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]], list[LedgerRow]]:
         gateway = gateway_for(upstream, tmp_path, budget_shares=0)
@@ -486,4 +490,4 @@ def test_audio_counts_by_its_bytes_unless_its_length_is_unknown(
     error = asyncio.run(scenario())
     assert error.param == "messages[0].content[1]" and "audio" in error.message
     assert len(upstream.received) == 1
-    assert input_bytes(body) > len(audio["input_audio"]["data"])
+    assert input_parts(body).text_bytes > len(audio["input_audio"]["data"])

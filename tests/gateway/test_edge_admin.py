@@ -28,7 +28,7 @@ from kairos.gateway import Gateway, GatewayConfig
 from kairos.gateway.accounting import input_bound, seconds_to_reset
 from kairos.gateway.errors import GatewayConfigError
 from kairos.gateway.keys import MAX_AMOUNT, MAX_PER_MINUTE
-from kairos.gateway.requests import input_bytes
+from kairos.gateway.requests import input_parts
 from kairos.server.gateway_app import DRAIN_BYTES, MAX_BODY, create_gateway_app
 from tests.gateway.conftest import (
     ADMIN_KEY,
@@ -298,7 +298,7 @@ def test_a_spent_total_budget_has_no_retry_after(served: ServerThread) -> None:
 
 def test_too_little_for_every_prompt_says_when_to_retry(served: ServerThread) -> None:
     body = {"model": "chat", "prompt": ["a", "b", "c"], "max_tokens": 50}
-    room = input_bound(input_bytes(body), 3) + 2  # two output tokens for three answers
+    room = input_bound(input_parts(body).text_bytes, 3) + 2  # two output tokens for three answers
     key = new_key(served, budgets=[{"period": "day", "tokens": room}])
     response = httpx.post(
         f"{served.url}/v1/completions", json=body, headers={"authorization": f"Bearer {key}"}

@@ -17,7 +17,7 @@ import pytest
 
 from kairos.gateway import Gateway, Stream
 from kairos.gateway.accounting import input_bound
-from kairos.gateway.requests import input_bytes
+from kairos.gateway.requests import input_parts
 from kairos.server.gateway_app import create_gateway_app
 from tests.gateway.conftest import PROVIDER_SECRET, config, deployment, new_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
@@ -232,7 +232,7 @@ def test_a_cap_clamped_below_16_is_a_budget_refusal(
     """OpenAI refuses max_output_tokens under 16: a budget with room for fewer is a 429."""
     key = new_key(served, budgets=[{"period": "total", "tokens": 1000}])
     body: dict[str, Any] = {"model": "chat", "input": "hi", "instructions": ""}
-    held = input_bound(input_bytes(body), 2)  # the input and the instructions
+    held = input_bound(input_parts(body).text_bytes, 2)  # the input and the instructions
     body["instructions"] = "x" * (1000 - held - 10)  # room for 10 output tokens
     refused = post(served, key, body)
     assert refused.status_code == 429, refused.text

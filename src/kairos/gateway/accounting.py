@@ -168,13 +168,15 @@ AUDIO_LEAST_BYTES_PER_SECOND = 1_000
 
 @dataclass(frozen=True, slots=True)
 class InputParts:
-    """The parts of a request that are not counted as text: images, tool definitions, and the
-    first part nothing bounds, by its field: a file (pages unknown before the call), audio of
-    unknown length, input stored at the provider or fetched by a built-in tool."""
+    """What a request's input is made of: the bytes of its text, and the parts that are not
+    counted as text: images, tool definitions, and the first part nothing bounds, by its field:
+    a file (pages unknown before the call), audio of unknown length, input stored at the
+    provider or fetched by a built-in tool."""
 
     images: int = 0
     tools: int = 0
     unbounded: str | None = None
+    text_bytes: int = 0
 
 
 def image_tokens(model: str) -> int:

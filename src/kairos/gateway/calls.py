@@ -23,6 +23,7 @@ from kairos.gateway.accounting import (
     Hold,
     Settlement,
     check_bounded,
+    input_bound,
     key_reset,
     new_id,
     parts_bound,
@@ -81,12 +82,13 @@ class Call:
         body: dict[str, Any],
         stream: bool,
         wanted: int,
-        bound: int,
+        messages: int,
         answers: int = 1,
     ) -> None:
         self.gateway = gateway
         self.answers = answers  # n, and each prompt of a completion: the hold covers them all
-        self.parts = requests.input_parts(body)  # bounded per deployment (images per model)
+        self.parts = requests.input_parts(body)  # the parts bounded per deployment (images)
+        self.bound = input_bound(self.parts.text_bytes, messages)  # the text's bound
         self.key = key
         self.kind = kind
         self.route = route
@@ -94,7 +96,6 @@ class Call:
         self.body = body
         self.stream = stream
         self.wanted = wanted
-        self.bound = bound
         self.request_id = new_id()
         self.started = time.perf_counter()
         self.created_at = datetime.now(UTC)

@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kairos.gateway import requests
-from kairos.gateway.accounting import PROCESS, Accountant, input_bound
+from kairos.gateway.accounting import PROCESS, Accountant
 from kairos.gateway.calls import Call
 from kairos.gateway.config import GatewayConfig
 from kairos.gateway.counters import Counters, counters_from_url
@@ -213,25 +213,22 @@ class Gateway:
     async def chat(self, key: KeyRecord | str, body: dict[str, Any]) -> dict[str, Any] | Stream:
         """A chat completion (OpenAI shape); a Stream when `body["stream"]` is true."""
         model, stream, wanted, parts = requests.check_chat(body, self.config.default_max_tokens)
-        bound = input_bound(requests.input_bytes(body), parts)
         return await self._dispatch(
-            key, "chat", "chat", body, model, stream, wanted, bound, requests.choices(body)
+            key, "chat", "chat", body, model, stream, wanted, parts, requests.choices(body)
         )
 
     async def completion(
         self, key: KeyRecord | str, body: dict[str, Any]
     ) -> dict[str, Any] | Stream:
         model, stream, wanted, prompts = requests.check_completion(body)
-        bound = input_bound(requests.input_bytes(body), prompts)
         answers = prompts * requests.choices(body)  # n answers to each prompt
         return await self._dispatch(
-            key, "completion", "completion", body, model, stream, wanted, bound, answers
+            key, "completion", "completion", body, model, stream, wanted, prompts, answers
         )
 
     async def embedding(self, key: KeyRecord | str, body: dict[str, Any]) -> dict[str, Any]:
         model, parts = requests.check_embedding(body)
-        bound = input_bound(requests.input_bytes(body), parts)
-        reply = await self._dispatch(key, "embedding", "embedding", body, model, False, 0, bound)
+        reply = await self._dispatch(key, "embedding", "embedding", body, model, False, 0, parts)
         if isinstance(reply, Stream):  # a call that is not streamed answers whole
             raise TypeError("an embedding call returned a stream")
         return reply
@@ -242,9 +239,8 @@ class Gateway:
         """A Responses API call (OpenAI shape, OpenAI-kind deployments only); a ResponseStream
         of its typed events when `body["stream"]` is true."""
         model, stream, wanted, parts = check_responses(body, self.config.default_max_tokens)
-        bound = input_bound(requests.input_bytes(body), parts)
         return await self._dispatch(
-            key, "responses", "responses", body, model, stream, wanted, bound
+            key, "responses", "responses", body, model, stream, wanted, parts
         )
 
     async def messages_chat(
@@ -256,9 +252,8 @@ class Gateway:
         )
         if stream:
             chat_body = {**chat_body, "stream_options": {"include_usage": True}}
-        bound = input_bound(requests.input_bytes(chat_body), parts)
         return await self._dispatch(
-            key, "chat", "messages", chat_body, model, stream, wanted, bound
+            key, "chat", "messages", chat_body, model, stream, wanted, parts
         )
 
     async def count_tokens(self, key: KeyRecord | str, body: dict[str, Any]) -> int:
@@ -310,13 +305,14 @@ class Gateway:
         model: str,
         stream: bool,
         wanted: int,
-        bound: int,
+        messages: int,
         answers: int = 1,
     ) -> dict[str, Any] | Stream:
+        """`messages`: the parts of the input framed as messages (chat messages, prompts)."""
         record = key if isinstance(key, KeyRecord) else await self.authenticate(key)
         if not self._started:
             await self.start()
-        call = Call(self, record, kind, route, model, body, stream, wanted, bound, answers)
+        call = Call(self, record, kind, route, model, body, stream, wanted, messages, answers)
         try:
             return await call.run()
         except GatewayError as error:

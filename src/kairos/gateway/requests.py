@@ -169,21 +169,11 @@ def _read(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in _CONTROLS}
 
 
-def input_bytes(body: dict[str, Any]) -> int:
-    """Bytes of what the model reads as text, as JSON: at least the bytes of its text
-    (escaping only adds), tools and schemas included; images are left out (`input_parts`
-    bounds them)."""
-    raw = orjson.dumps(_read(body))
-    if not any(mark in raw for mark in _MARKS):
-        return len(raw)
-    images: list[Any] = []
-    _walk(_read(body), [], images, [])
-    return len(raw) - sum(len(orjson.dumps(image)) for image in images)
-
-
 def input_parts(body: dict[str, Any]) -> InputParts:
-    """The parts of a request that are not text: images, tool definitions, and the first part
-    whose tokens nothing bounds (a file, stored input), by its field."""
+    """What the model reads, measured once: the bytes of its text as JSON (at least the bytes
+    of the text, escaping only adds; tools and schemas included, images left out), then the
+    parts that are not text: images, tool definitions, and the first part whose tokens nothing
+    bounds (a file, stored input), by its field."""
     tools = body.get("tools")
     tools = tools if isinstance(tools, list) else []
     functions = body.get("functions")
@@ -199,13 +189,15 @@ def input_parts(body: dict[str, Any]) -> InputParts:
     for index, tool in enumerate(tools):
         if unbounded is None and isinstance(tool, dict) and tool.get("type") not in _TOOL_KINDS:
             unbounded = f"tools[{index}]"
-    raw = orjson.dumps(_read(body))
+    read = _read(body)
+    raw = orjson.dumps(read)
     if not any(mark in raw for mark in _MARKS):
-        return InputParts(0, count, unbounded)
+        return InputParts(0, count, unbounded, len(raw))
     images: list[Any] = []
     files: list[str] = []
-    _walk(_read(body), [], images, files)
-    return InputParts(len(images), count, unbounded or (files[0] if files else None))
+    _walk(read, [], images, files)
+    text = len(raw) - sum(len(orjson.dumps(image)) for image in images)
+    return InputParts(len(images), count, unbounded or (files[0] if files else None), text)
 
 
 def _slow_audio(part: dict[str, Any]) -> bool:

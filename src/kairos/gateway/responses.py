@@ -21,7 +21,7 @@ from kairos.gateway.requests import model_and_stream
 # Fields the gateway cannot account for, each with the fix: a stored prompt's text is not
 # in the request (nor in another account's deployment, after a failover), a background
 # response is billed after the call. (Stored conversations, previous_response_id and
-# conversation, are refused on keys with limits only: requests.input_parts.)
+# conversation, are refused on keys with limits only: requests.input_parts).
 _UNACCOUNTED = {
     "prompt": "send the prompt's text in instructions and input instead",
     "background": "drop it: a background response is billed after the call, out of the "
