@@ -320,3 +320,30 @@ def test_a_bad_chunk_after_a_good_start_closes_at_once(server: tuple[str, int]) 
     head = post(headers="transfer-encoding: chunked\r\n", body=b"")
     result = exchange(port, head, b'3\r\n{"n\r\nzz\r\n', pause=0.3)
     assert rejected(result), result
+
+
+REFUSED = [case for case, (_, verdict) in CASES.items() if verdict is rejected]
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_the_gateway_answers_a_refused_request_400_and_closes(
+    gateway_process: int, case: str
+) -> None:
+    """Stricter than the shared verdict: kairos' own server says why with a 400."""
+    writes, _ = CASES[case]
+    result = exchange(gateway_process, *writes)
+    assert result.statuses == [400] and result.closed, f"{case}: {result}"
+
+
+def test_the_gateway_refuses_http09(gateway_process: int) -> None:
+    result = exchange(gateway_process, b"GET /healthz\r\n\r\n")
+    assert result.statuses == [400] and result.closed, result
+
+
+def test_heads_are_bounded_at_64_kib(gateway_process: int) -> None:
+    def head(size: int) -> bytes:
+        return b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * size + b"\r\n\r\n"
+
+    assert exchange(gateway_process, head(60 * 1024)).statuses == [200]
+    over = exchange(gateway_process, head(65 * 1024))
+    assert over.statuses == [431] and over.closed, over
