@@ -7,13 +7,17 @@ import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
+
 from kairos.gateway import Gateway, GatewayConfig, http
 from kairos.gateway.accounting import Accountant
 from kairos.gateway.counters import counters_from_url
 from kairos.gateway.keys import Budget, KeyRecord
 from kairos.gateway.prices import Price
 from kairos.server import gateway_app, http1
-from tests.gateway.conftest import ENVIRON
+from kairos.server.gateway_app import create_gateway_app
+from tests.gateway.conftest import ENVIRON, config, new_key
+from tests.gateway.fake_upstream import FakeUpstream, ServerThread
 
 
 def minimal(tmp_path: Path, **extra: object) -> GatewayConfig:
@@ -74,3 +78,17 @@ def test_a_hold_prices_input_at_its_dearest_rate(tmp_path: Path) -> None:
 
     # at the input price 500 in + 1,000 out = 1,500 would fit; at $2 input, 500 in cost 1,000
     assert asyncio.run(scenario()) == 500
+
+
+def test_unreachable_counters_answer_503_over_http(upstream: FakeUpstream, tmp_path: Path) -> None:
+    gateway = Gateway(config(upstream, tmp_path, counters="redis://127.0.0.1:1/0"))
+    with ServerThread(create_gateway_app(gateway), kairos=True) as served:
+        served.gateway = gateway  # type: ignore[attr-defined]
+        key = new_key(served, budgets=[{"period": "day", "usd": 1}])
+        answer = httpx.post(
+            f"{served.url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+            json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]}, timeout=30,
+        )  # fmt: skip
+        served.call(gateway.close())
+    assert answer.status_code == 503 and "error" in answer.json()
+    assert upstream.received == []  # failed closed: nothing was sent
