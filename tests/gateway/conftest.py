@@ -4,17 +4,22 @@ backend (SQLite, PostgreSQL, Redis) with names unique to the test."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import anthropic
+import openai
 import psycopg
 import pytest
 import redis
 
-from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway import Gateway, GatewayConfig, Stream
+from kairos.gateway.ledger import LedgerRow
 from kairos.server.gateway_app import create_gateway_app
 from tests.gateway.fake_upstream import FakeUpstream, ServerThread
 
@@ -131,6 +136,19 @@ def counters_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         drop_redis(prefix)
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A registry URL on SQLite and on PostgreSQL, private to the test."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'registry.db'}"
+        return
+    if not postgres_available():
+        pytest.skip(f"no PostgreSQL at {PG_URL}")
+    prefix = f"gwtest_{uuid.uuid4().hex[:12]}"
+    yield f"{PG_URL}?prefix={prefix}"
+    drop_postgres(prefix)
+
+
 @pytest.fixture
 def served(upstream: FakeUpstream, tmp_path: Path) -> Iterator[ServerThread]:
     """The default gateway served over HTTP; `served.gateway` is the Gateway behind it."""
@@ -145,3 +163,58 @@ def new_key(server: ServerThread, **spec: Any) -> str:
     gateway: Gateway = server.gateway  # type: ignore[attr-defined]
     plain, _ = server.call(gateway.create_key(**{"name": "test", **spec}))
     return plain
+
+
+def ledger(served: ServerThread) -> list[dict[str, Any]]:
+    """The ledger rows of the gateway behind `served`, as dicts."""
+    gateway: Gateway = served.gateway  # type: ignore[attr-defined]
+    return [row.as_dict() for row in served.call(gateway.usage())]
+
+
+def rows_when(server: ServerThread, count: int, timeout: float = 5.0) -> list[LedgerRow]:
+    """The ledger rows once there are `count` of them (or what there is after `timeout`)."""
+    gateway: Gateway = server.gateway  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = server.call(gateway.usage())
+        if len(rows) >= count or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
+
+
+def stream_in_process(
+    gateway_config: GatewayConfig, body: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[LedgerRow]]:
+    """The chunks of one streamed chat call made in process (no HTTP hop) with a new key, and
+    the ledger after it."""
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[LedgerRow]]:
+        gateway = Gateway(gateway_config)
+        try:
+            plain, _ = await gateway.create_key(name="graph")
+            stream = await gateway.chat(plain, {**body, "stream": True})
+            assert isinstance(stream, Stream)
+            chunks = [chunk async for chunk in stream]
+            return chunks, await gateway.usage()
+        finally:
+            await gateway.close()
+
+    return asyncio.run(scenario())
+
+
+SDK = TypeVar("SDK", openai.OpenAI, anthropic.Anthropic)
+_OPEN_SDKS: list[openai.OpenAI | anthropic.Anthropic] = []
+
+
+def closed_after_test(sdk: SDK) -> SDK:
+    """`sdk`, to be closed when the test ends."""
+    _OPEN_SDKS.append(sdk)
+    return sdk
+
+
+@pytest.fixture(autouse=True)
+def _close_sdks() -> Iterator[None]:
+    """SDK clients are closed after each test: their pooled sockets never reach the GC."""
+    yield
+    while _OPEN_SDKS:
+        _OPEN_SDKS.pop().close()

@@ -20,7 +20,14 @@ import tiktoken
 from kairos.gateway import Gateway
 from kairos.gateway.anthropic import from_anthropic
 from kairos.server.gateway_app import create_gateway_app
-from tests.gateway.conftest import PROVIDER_SECRET, config, deployment, new_key
+from tests.gateway.conftest import (
+    PROVIDER_SECRET,
+    closed_after_test,
+    config,
+    deployment,
+    ledger,
+    new_key,
+)
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
 
 WEATHER: Any = {
@@ -65,32 +72,14 @@ def served(upstream: FakeUpstream, tmp_path: Path) -> Iterator[ServerThread]:
         server.call(gateway.close())
 
 
-_OPEN: list[openai.OpenAI | anthropic.Anthropic] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_sdks() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
-
 def openai_sdk(served: ServerThread, **spec: Any) -> openai.OpenAI:
-    sdk = openai.OpenAI(base_url=f"{served.url}/v1", api_key=new_key(served, **spec), max_retries=0)
-    _OPEN.append(sdk)
-    return sdk
+    key = new_key(served, **spec)
+    return closed_after_test(openai.OpenAI(base_url=f"{served.url}/v1", api_key=key, max_retries=0))
 
 
 def anthropic_sdk(served: ServerThread, **spec: Any) -> anthropic.Anthropic:
     key = new_key(served, **spec)
-    sdk = anthropic.Anthropic(base_url=served.url, api_key=key, max_retries=0)
-    _OPEN.append(sdk)
-    return sdk
-
-
-def ledger(served: ServerThread) -> list[dict[str, object]]:
-    gateway: Gateway = served.gateway  # type: ignore[attr-defined]
-    return [row.as_dict() for row in served.call(gateway.usage())]
+    return closed_after_test(anthropic.Anthropic(base_url=served.url, api_key=key, max_retries=0))
 
 
 # --- OpenAI chat -> an Anthropic deployment ---------------------------------------------------

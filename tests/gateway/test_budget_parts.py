@@ -9,9 +9,7 @@ import base64
 import contextlib
 import sqlite3
 import struct
-import uuid
 import zlib
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from kairos.gateway.providers import Usage, openai_usage
 from kairos.gateway.registry import registry_from_url
 from kairos.gateway.requests import input_parts
 from kairos.gateway.responses import response_usage
-from tests.gateway.conftest import PG_URL, config, deployment, drop_postgres, postgres_available
+from tests.gateway.conftest import PG_URL, config, deployment
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream
 
 HI = [{"role": "user", "content": "hi"}]
@@ -326,18 +324,6 @@ def test_usage_translates_both_ways_with_the_cache() -> None:
         "prompt_tokens_details": {"cached_tokens": 9},
     }
     assert openai_usage({"usage": wild}) == Usage(5, 1, cached=5)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'registry.db'}"
-        return
-    if not postgres_available():
-        pytest.skip(f"no PostgreSQL at {PG_URL}")
-    prefix = f"gwtest_{uuid.uuid4().hex[:12]}"
-    yield f"{PG_URL}?prefix={prefix}"
-    drop_postgres(prefix)
 
 
 _OLD_LEDGER = """

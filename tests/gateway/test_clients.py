@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from kairos.gateway import Gateway
 from kairos.server.gateway_app import create_gateway_app
-from tests.gateway.conftest import config, deployment, new_key
+from tests.gateway.conftest import config, deployment, ledger, new_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -114,11 +114,6 @@ def chat_model(served: ServerThread, key: str, **options: Any) -> ChatOpenAI:
         use_responses_api=options.pop("use_responses_api", False),
         **options,
     )
-
-
-def ledger(served: ServerThread) -> list[dict[str, Any]]:
-    gateway: Gateway = served.gateway  # type: ignore[attr-defined]
-    return [row.as_dict() for row in served.call(gateway.usage())]
 
 
 # --- langchain-openai ----------------------------------------------------------------------

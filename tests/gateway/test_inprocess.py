@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import pytest
 
-from kairos.gateway import Gateway, Stream
-from tests.gateway.conftest import config, deployment, new_key
+from kairos.gateway import Gateway
+from tests.gateway.conftest import config, deployment, new_key, stream_in_process
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
 
 HI = [{"role": "user", "content": "hi"}]
@@ -18,22 +17,10 @@ HI = [{"role": "user", "content": "hi"}]
 
 @pytest.mark.parametrize("include_usage", [True, False])
 def test_streams_in_process(upstream: FakeUpstream, tmp_path: Path, include_usage: bool) -> None:
-    async def scenario() -> tuple[list[dict[str, Any]], list[Any]]:
-        gateway = Gateway(config(upstream, tmp_path))
-        try:
-            plain, _ = await gateway.create_key(name="graph")
-            body: dict[str, Any] = {"model": "chat", "messages": HI, "max_tokens": 3,
-                                    "stream": True}  # fmt: skip
-            if include_usage:
-                body["stream_options"] = {"include_usage": True}
-            stream = await gateway.chat(plain, body)
-            assert isinstance(stream, Stream)
-            chunks = [chunk async for chunk in stream]
-            return chunks, await gateway.usage()
-        finally:
-            await gateway.close()
-
-    chunks, rows = asyncio.run(scenario())
+    body: dict[str, Any] = {"model": "chat", "messages": HI, "max_tokens": 3}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    chunks, rows = stream_in_process(config(upstream, tmp_path), body)
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == "tok tok tok "
     usage = [c["usage"] for c in chunks if c.get("usage")]

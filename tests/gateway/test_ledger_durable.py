@@ -142,6 +142,17 @@ class Served:
             self.process.terminate()
             self.process.communicate(timeout=20)
 
+    def create_key(self) -> dict[str, Any]:
+        """A key with a total budget of LIMIT, made over the admin API."""
+        reply = httpx.post(
+            f"{self.url}/admin/keys",
+            json={"name": "svc", "budgets": [{"period": "total", "usd": LIMIT / 1e6}]},
+            headers=ADMIN,
+        )
+        assert reply.status_code == 201, reply.text
+        body: dict[str, Any] = reply.json()
+        return body
+
     def usage(self, key_id: str) -> dict[str, Any]:
         reply = httpx.get(f"{self.url}/admin/usage?key={key_id}&rows=1", headers=ADMIN)
         assert reply.status_code == 200, reply.text
@@ -196,11 +207,7 @@ def test_a_killed_gateway_leaves_every_dispatched_call_in_the_ledger(
 ) -> None:
     first = Served(project)
     try:
-        created = httpx.post(
-            f"{first.url}/admin/keys",
-            json={"name": "svc", "budgets": [{"period": "total", "usd": LIMIT / 1e6}]},
-            headers=ADMIN,
-        ).json()
+        created = first.create_key()
         key, key_id = created["key"], created["id"]
         with httpx.Client(base_url=first.url, headers={"authorization": f"Bearer {key}"}) as c:
             for _ in range(10):  # answered and logged before the crash
@@ -247,11 +254,7 @@ def test_a_gateway_starting_leaves_a_live_gateways_calls_alone(
     first = Served(project)
     second: Served | None = None
     try:
-        created = httpx.post(
-            f"{first.url}/admin/keys",
-            json={"name": "svc", "budgets": [{"period": "total", "usd": LIMIT / 1e6}]},
-            headers=ADMIN,
-        ).json()
+        created = first.create_key()
         _in_flight(first.url, created["key"], upstream, 5, before=0)
         second = Served(project)  # starts, and recovers nothing: the first one is alive
         rows = second.usage(created["id"])["rows"]

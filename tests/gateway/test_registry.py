@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -24,18 +23,6 @@ from tests.gateway.conftest import (
     redis_available,
 )
 from tests.gateway.fake_upstream import FakeUpstream
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'registry.db'}"
-        return
-    if not postgres_available():
-        pytest.skip(f"no PostgreSQL at {PG_URL}")
-    prefix = f"gwtest_{uuid.uuid4().hex[:12]}"
-    yield f"{PG_URL}?prefix={prefix}"
-    drop_postgres(prefix)
 
 
 def row(key_id: str, at: datetime, cost: int, model: str = "chat") -> LedgerRow:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,28 +18,19 @@ from kairos.gateway import Gateway, Stream
 from kairos.gateway.accounting import input_bound
 from kairos.gateway.requests import input_parts
 from kairos.server.gateway_app import create_gateway_app
-from tests.gateway.conftest import PROVIDER_SECRET, config, deployment, new_key
+from tests.gateway.conftest import (
+    PROVIDER_SECRET,
+    closed_after_test,
+    config,
+    deployment,
+    ledger,
+    new_key,
+)
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
-
-_OPEN: list[openai.OpenAI] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_sdks() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
 
 
 def client(served: ServerThread, key: str) -> openai.OpenAI:
-    sdk = openai.OpenAI(base_url=f"{served.url}/v1", api_key=key, max_retries=0)
-    _OPEN.append(sdk)
-    return sdk
-
-
-def ledger(served: ServerThread) -> list[dict[str, Any]]:
-    gateway: Gateway = served.gateway  # type: ignore[attr-defined]
-    return [row.as_dict() for row in served.call(gateway.usage())]
+    return closed_after_test(openai.OpenAI(base_url=f"{served.url}/v1", api_key=key, max_retries=0))
 
 
 def post(served: ServerThread, key: str, body: dict[str, Any]) -> httpx.Response:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,30 +12,12 @@ import pytest
 
 from kairos.gateway import Gateway
 from kairos.server.gateway_app import create_gateway_app
-from tests.gateway.conftest import PROVIDER_SECRET, config, new_key
+from tests.gateway.conftest import PROVIDER_SECRET, closed_after_test, config, ledger, new_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
 
 
 def client(served: ServerThread, key: str) -> openai.OpenAI:
-    sdk = openai.OpenAI(base_url=f"{served.url}/v1", api_key=key, max_retries=0)
-    _OPEN.append(sdk)
-    return sdk
-
-
-_OPEN: list[openai.OpenAI | anthropic.Anthropic] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_sdks() -> Iterator[None]:
-    """SDK clients are closed after each test: their pooled sockets never reach the GC."""
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
-
-def ledger(served: ServerThread) -> list[dict[str, object]]:
-    gateway: Gateway = served.gateway  # type: ignore[attr-defined]
-    return [row.as_dict() for row in served.call(gateway.usage())]
+    return closed_after_test(openai.OpenAI(base_url=f"{served.url}/v1", api_key=key, max_retries=0))
 
 
 def test_chat_completion(served: ServerThread, upstream: FakeUpstream) -> None:
@@ -108,8 +89,9 @@ def test_completions_embeddings_and_models(served: ServerThread) -> None:
 
 
 def test_anthropic_sdk_on_messages(served: ServerThread, upstream: FakeUpstream) -> None:
-    sdk = anthropic.Anthropic(base_url=served.url, api_key=new_key(served), max_retries=0)
-    _OPEN.append(sdk)
+    sdk = closed_after_test(
+        anthropic.Anthropic(base_url=served.url, api_key=new_key(served), max_retries=0)
+    )
     for model in ("chat", "claude"):  # an OpenAI-compatible and an Anthropic deployment
         message = sdk.messages.create(
             model=model,

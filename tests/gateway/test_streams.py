@@ -3,7 +3,6 @@ over, after it they arrive in-band."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,22 +12,11 @@ import openai
 import pytest
 
 from kairos.gateway import Gateway
-from kairos.gateway.ledger import LedgerRow
 from kairos.server.gateway_app import create_gateway_app
-from tests.gateway.conftest import config, deployment, new_key
+from tests.gateway.conftest import config, deployment, new_key, rows_when
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
 
 HI: Any = [{"role": "user", "content": "hi"}]
-
-
-def rows_when(server: ServerThread, count: int, timeout: float = 5.0) -> list[LedgerRow]:
-    gateway: Gateway = server.gateway  # type: ignore[attr-defined]
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = server.call(gateway.usage())
-        if len(rows) >= count or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.05)
 
 
 @pytest.fixture
