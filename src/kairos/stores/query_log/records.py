@@ -193,6 +193,3 @@ def _decode_record(row: _Row) -> LoggedQuery:
         raise QueryLogError(
             f"query log record {row.query_id!r} cannot be decoded ({type(exc).__name__}: {exc})"
         ) from exc
-
-
-# --- backends ------------------------------------------------------------------------------

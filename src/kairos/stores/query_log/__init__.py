@@ -1,0 +1,105 @@
+"""The query log: every online query appended, so the exact inputs and outputs of any past
+decision can be read back (and replayed against a new model or prompt).
+
+`append` is on the query's hot path, so it only encodes the record and puts it on a bounded
+queue; one writer thread per log takes the records off every `max_wait` (20 ms) and commits
+each batch in one transaction. A kill loses what was not yet committed (the last ~20 ms of
+queries, or the backlog if the database stalls) and never leaves a half-written row; `flush`
+and `get` return only after everything appended before them is committed.
+
+    >>> log = query_log_from_url("sqlite:///.kairos/query_log.db")
+    >>> log.append(record)                      # cheap, never raises
+    >>> log.get(record.query_id).outputs["user.risk"].value
+    0.12
+    >>> log.close()                             # flushes; also done at interpreter exit
+
+Records and their encoding live in `kairos.stores.query_log.records`.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any, Final
+
+from kairos.errors import KairosError
+from kairos.stores.query_log.base import (
+    DEFAULT_TABLE,
+    NullQueryLog,
+    QueryLog,
+    redact_text,
+    redact_url,
+)
+from kairos.stores.query_log.batched import BatchedQueryLog
+from kairos.stores.query_log.records import LoggedQuery, LoggedValue, QueryLogError
+
+__all__ = [
+    "DEFAULT_TABLE",
+    "BatchedQueryLog",
+    "LoggedQuery",
+    "LoggedValue",
+    "NullQueryLog",
+    "QueryLog",
+    "QueryLogError",
+    "query_log_from_url",
+    "redact_text",
+    "redact_url",
+]
+
+_EXAMPLES: Final = (
+    "'sqlite:///.kairos/query_log.db', 'postgresql://user@host:5432/db?table=kairos_query_log' "
+    "or 'none://'"
+)
+
+
+def query_log_from_url(url: str, **settings: Any) -> QueryLog:
+    """Open the query log a URL names; `settings` go to `BatchedQueryLog` (max_batch, ...).
+
+    >>> query_log_from_url("sqlite:///.kairos/query_log.db")        # relative path
+    >>> query_log_from_url("sqlite:////var/lib/kairos/log.db")      # absolute path
+    >>> query_log_from_url("postgresql://kairos@db:5432/prod?table=query_log&schema=ml")
+    >>> query_log_from_url("none://")                               # keeps nothing
+    """
+    shown = redact_url(url)
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise KairosError(f"query log URL {shown!r} has no scheme; use {_EXAMPLES}")
+    if scheme == "none":
+        return NullQueryLog()
+    if scheme == "sqlite":
+        path, _, query = rest.partition("?")
+        table = _url_options(shown, query, {"table"}).get("table", DEFAULT_TABLE)
+        if not path.startswith("/") or path in ("/", "/:memory:"):
+            raise KairosError(
+                f"query log URL {shown!r} needs a file path, which readers in other processes "
+                "can open too: 'sqlite:///relative/log.db' or 'sqlite:////absolute/log.db'"
+            )
+        return BatchedQueryLog.sqlite(path[1:], table=table, **settings)
+    if scheme in ("postgresql", "postgres"):
+        parts = urllib.parse.urlsplit(url)
+        params = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        ours = {key: value for key, value in params if key in ("table", "schema")}
+        conninfo = urllib.parse.urlunsplit(
+            parts._replace(
+                query=urllib.parse.urlencode([(k, v) for k, v in params if k not in ours])
+            )
+        )
+        return BatchedQueryLog.postgres(
+            conninfo,
+            table=ours.get("table", DEFAULT_TABLE),
+            schema=ours.get("schema"),
+            **settings,
+        )
+    raise KairosError(
+        f"query log URL scheme {scheme!r} (in {shown!r}) is not supported; use {_EXAMPLES}"
+    )
+
+
+def _url_options(shown: str, query: str, allowed: set[str]) -> dict[str, str]:
+    options = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise KairosError(
+            f"query log URL {shown!r} has unknown option {unknown[0]!r}; "
+            f"supported: {', '.join(sorted(allowed))}"
+        )
+    return options

@@ -1,0 +1,161 @@
+"""What every query log is (`QueryLog`), what a storage backend under `BatchedQueryLog`
+does (`_Backend`), the log that keeps nothing, and the name checks and password redaction
+the backends share."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+from kairos.errors import KairosError
+from kairos.stores.query_log.records import LoggedQuery, _Row
+
+DEFAULT_TABLE: Final = "kairos_query_log"
+
+
+class QueryLog(Protocol):
+    """Where online queries are appended and read back."""
+
+    @property
+    def dropped(self) -> int:
+        """Records given to `append` that were not queued (queue full, or log closed)."""
+        ...
+
+    def append(self, record: LoggedQuery) -> None:
+        """Queue one record; cheap, never blocks on I/O and never raises."""
+        ...
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Return once every record appended before this call is committed durably."""
+        ...
+
+    def get(self, query_id: str) -> LoggedQuery | None:
+        """The record of one query (pending writes are flushed first), or None."""
+        ...
+
+    def recent(self, limit: int = 20) -> list[LoggedQuery]:
+        """The newest records first."""
+        ...
+
+    def close(self) -> None:
+        """Flush, then stop the writer. Safe to call twice."""
+        ...
+
+    async def aflush(self, timeout: float = 10.0) -> None: ...
+
+    async def aget(self, query_id: str) -> LoggedQuery | None: ...
+
+    async def arecent(self, limit: int = 20) -> list[LoggedQuery]: ...
+
+
+_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
+
+
+def _check_name(kind: str, name: str) -> str:
+    if not _TABLE_NAME.fullmatch(name):
+        raise KairosError(
+            f"query log {kind} name {name!r} is not allowed; use letters, digits and '_' "
+            "(at most 48, not starting with a digit), e.g. 'kairos_query_log'"
+        )
+    return name
+
+
+class _Backend(Protocol):
+    """Storage for `BatchedQueryLog`. `write_batch` and `close_writer` are only called from
+    the writer thread; the read methods from any thread."""
+
+    name: str  # for messages; never holds a password
+
+    def scrub(self, text: str) -> str:
+        """`text` (an error message) with any secret of the connection masked."""
+        ...
+
+    def write_batch(self, rows: Sequence[_Row]) -> None: ...
+
+    def close_writer(self) -> None: ...
+
+    def fetch_one(self, query_id: str) -> _Row | None: ...
+
+    def fetch_recent(self, limit: int) -> list[_Row]: ...
+
+    def close_readers(self) -> None: ...
+
+
+_COLUMNS: Final = "query_id, now, inputs, outputs, trace, duration_ms, logged_at"
+
+
+class NullQueryLog:
+    """A log that keeps nothing (`none://`), for benchmarks."""
+
+    name = "none://"
+    batches_written = 0
+
+    @property
+    def dropped(self) -> int:
+        return 0
+
+    def append(self, record: LoggedQuery) -> None:
+        return None
+
+    def flush(self, timeout: float = 10.0) -> None:
+        return None
+
+    def get(self, query_id: str) -> LoggedQuery | None:
+        return None
+
+    def recent(self, limit: int = 20) -> list[LoggedQuery]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+    async def aflush(self, timeout: float = 10.0) -> None:
+        return None
+
+    async def aget(self, query_id: str) -> LoggedQuery | None:
+        return None
+
+    async def arecent(self, limit: int = 20) -> list[LoggedQuery]:
+        return []
+
+
+_PASSWORD_SETTING = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """`url` (or a `key=value` conninfo) with any password replaced by '***', safe to show.
+
+    >>> redact_url("postgresql://kairos:s3cret@db:5432/prod")
+    'postgresql://kairos:***@db:5432/prod'
+    """
+    shown = _PASSWORD_SETTING.sub(r"\1***", url)  # ?password=... and conninfo strings
+    try:
+        parts = urllib.parse.urlsplit(shown)
+        if parts.password is None:
+            return shown
+        host = parts.netloc.rpartition("@")[2]
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+    except ValueError:  # unparsable: show only the scheme
+        return url.partition("://")[0] + "://***"
+
+
+def _password_of(conninfo: str) -> str | None:
+    match = _PASSWORD_SETTING.search(conninfo)
+    if match and match.group(2):
+        return match.group(2).strip("'")
+    try:
+        password = urllib.parse.urlsplit(conninfo).password
+    except ValueError:
+        return None
+    return urllib.parse.unquote(password) if password else None
+
+
+def redact_text(text: str, password: str | None) -> str:
+    """`text` with `password` (raw or URL-quoted) masked."""
+    if not password:
+        return text
+    for secret in {password, urllib.parse.quote(password, safe="")}:
+        text = text.replace(secret, "***")
+    return text

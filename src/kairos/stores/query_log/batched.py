@@ -1,0 +1,303 @@
+"""`BatchedQueryLog`: `append` queues an encoded record; one writer thread per log commits
+what arrived every `max_wait`, one transaction per batch, into a backend."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import logging
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from kairos.errors import KairosError
+from kairos.stores.query_log.base import DEFAULT_TABLE, _Backend
+from kairos.stores.query_log.postgres import _PostgresBackend
+from kairos.stores.query_log.records import (
+    LoggedQuery,
+    QueryLogError,
+    _decode_record,
+    _encode_record,
+    _Row,
+)
+from kairos.stores.query_log.sqlite import _SQLiteBackend
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False, slots=True)
+class _FlushMarker:
+    done: threading.Event
+
+
+_STOP: Final = object()
+
+
+class BatchedQueryLog:
+    """A query log with one background writer thread.
+
+    The writer takes up to `max_batch` records, waiting at most `max_wait` seconds after the
+    first, and commits them in one transaction. When `max_queue` records are waiting, `append`
+    waits at most `put_timeout` seconds (default 0: an event loop must not stall), then drops
+    the record, counts it in `dropped` and logs a warning. A batch that cannot be written is
+    retried for `retry_for` seconds, then counted in `lost`.
+
+        >>> log = BatchedQueryLog.sqlite(".kairos/query_log.db")
+        >>> log.append(record); log.get(record.query_id) == record
+        True
+    """
+
+    def __init__(
+        self,
+        backend: _Backend,
+        *,
+        max_batch: int = 500,
+        max_wait: float = 0.02,
+        max_queue: int = 10_000,
+        put_timeout: float = 0.0,
+        retry_for: float = 5.0,
+    ) -> None:
+        if max_batch < 1 or max_queue < 1 or max_wait < 0 or put_timeout < 0 or retry_for < 0:
+            backend.close_readers()
+            raise KairosError(
+                f"query log settings max_batch={max_batch!r}, max_queue={max_queue!r} must be "
+                f">= 1 and max_wait={max_wait!r}, put_timeout={put_timeout!r}, "
+                f"retry_for={retry_for!r} must be >= 0"
+            )
+        self._backend = backend
+        self.name = backend.name
+        self._max_batch = max_batch
+        self._max_wait = max_wait
+        self._put_timeout = put_timeout
+        self._retry_for = retry_for
+        # A deque, not a queue.Queue: appending takes no lock and wakes no thread; the writer
+        # drains it every max_wait (or at once when flush() or close() set _wake).
+        self._pending: collections.deque[object] = collections.deque()
+        self._max_queue = max_queue
+        self._wake = threading.Event()
+        self._closed = False
+        self._state_lock = threading.Lock()
+        self._dropped = 0
+        self._last_drop_warning = -math.inf
+        self.batches_written = 0  # transactions committed (writer thread only)
+        self.records_written = 0
+        self.lost = 0  # records taken by the writer that could not be written
+        self._last_error = ""
+        self._warned_unkept: set[str] = set()
+        self._writer = threading.Thread(
+            target=self._run, name="kairos-query-log-writer", daemon=True
+        )
+        self._writer.start()
+        atexit.register(self.close)  # daemon writer: flush before the interpreter exits
+
+    @classmethod
+    def sqlite(
+        cls, path: str | Path, *, table: str = DEFAULT_TABLE, **settings: Any
+    ) -> BatchedQueryLog:
+        """A log in a SQLite file (parent folders are created)."""
+        return cls(_SQLiteBackend(path, table), **settings)
+
+    @classmethod
+    def postgres(
+        cls,
+        conninfo: str,
+        *,
+        table: str = DEFAULT_TABLE,
+        schema: str | None = None,
+        **settings: Any,
+    ) -> BatchedQueryLog:
+        """A log in a PostgreSQL table (and schema), created if missing."""
+        return cls(_PostgresBackend(conninfo, table, schema), **settings)
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped
+
+    def append(self, record: LoggedQuery) -> None:
+        if self._closed:
+            self._drop("the log is closed")
+            return
+        # Encode now (~10 us): the record is then exactly what the query saw, whatever the
+        # caller does with its values later, and the writer never holds the GIL for long.
+        unkept: set[str] = set()
+        try:
+            row = _encode_record(record, unkept)
+        except Exception as exc:  # a bad record is counted, never raised into the query
+            with self._state_lock:
+                self._lose(1, f"record {getattr(record, 'query_id', None)!r}: {exc}")
+            return
+        if unkept - self._warned_unkept:
+            with self._state_lock:
+                self._warned_unkept |= unkept
+            logger.warning(
+                "query log %s stores values of type %s as their repr (the codec cannot keep "
+                "them exactly), first in query %r",
+                self.name,
+                ", ".join(sorted(unkept)),
+                record.query_id,
+            )
+        if len(self._pending) >= self._max_queue and not self._wait_for_room():
+            self._drop(f"its queue is full ({self._max_queue} records)")
+            return
+        self._pending.append(row)
+
+    def _wait_for_room(self) -> bool:
+        deadline = time.monotonic() + self._put_timeout
+        while time.monotonic() < deadline:
+            self._wake.set()
+            time.sleep(0.001)
+            if len(self._pending) < self._max_queue:
+                return True
+        return False
+
+    def _drop(self, why: str) -> None:
+        with self._state_lock:
+            self._dropped += 1
+            now = time.monotonic()
+            if now - self._last_drop_warning < 10.0:  # one warning per 10 s, not per record
+                return
+            self._last_drop_warning = now
+            dropped = self._dropped
+        logger.warning(
+            "query log %s dropped a record because %s; %d dropped so far. Raise max_queue or "
+            "put_timeout, or check that the log's database keeps up.",
+            self.name,
+            why,
+            dropped,
+        )
+
+    def flush(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        lost_before = self.lost
+        marker = _FlushMarker(threading.Event())
+        if self._writer.is_alive():
+            self._pending.append(marker)
+            self._wake.set()
+        else:
+            marker.done.set()  # closed: nothing is pending
+        while not marker.done.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
+            if not self._writer.is_alive():
+                break  # close() ran meanwhile; it wrote what was queued before it
+            if time.monotonic() >= deadline:
+                raise QueryLogError(
+                    f"query log {self.name!r} did not finish writing within {timeout}s; "
+                    "check that its database is reachable, or flush with a longer timeout"
+                )
+        if self.lost > lost_before:
+            raise QueryLogError(
+                f"query log {self.name!r} could not write {self.lost - lost_before} records "
+                f"({self._last_error}); check that its database is reachable and writable"
+            )
+
+    def get(self, query_id: str) -> LoggedQuery | None:
+        self._check_open()
+        self.flush()
+        row = self._backend.fetch_one(query_id)
+        return None if row is None else _decode_record(row)
+
+    def recent(self, limit: int = 20) -> list[LoggedQuery]:
+        self._check_open()
+        self.flush()
+        return [_decode_record(row) for row in self._backend.fetch_recent(limit)]
+
+    async def aflush(self, timeout: float = 10.0) -> None:
+        await asyncio.to_thread(self.flush, timeout)
+
+    async def aget(self, query_id: str) -> LoggedQuery | None:
+        return await asyncio.to_thread(self.get, query_id)
+
+    async def arecent(self, limit: int = 20) -> list[LoggedQuery]:
+        return await asyncio.to_thread(self.recent, limit)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QueryLogError(f"query log {self.name!r} is closed; open it again to read")
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+        atexit.unregister(self.close)
+        self._pending.append(_STOP)
+        self._wake.set()
+        self._writer.join(timeout)
+        if self._writer.is_alive():
+            logger.warning(
+                "query log %s: the writer did not finish within %ss; pending records are lost",
+                self.name,
+                timeout,
+            )
+        self._backend.close_readers()
+
+    def __enter__(self) -> BatchedQueryLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- writer thread --
+
+    def _run(self) -> None:
+        stopping = False
+        try:
+            while not stopping:
+                # A batch is whatever arrived in the last max_wait; flush() and close() cut
+                # the wait short. Idle, this wakes max_wait-ly and finds nothing.
+                self._wake.wait(self._max_wait)
+                self._wake.clear()
+                items = self._take_all()
+                if not items:
+                    continue
+                records: list[_Row] = []
+                markers: list[_FlushMarker] = []
+                for item in items:
+                    if isinstance(item, _Row):
+                        records.append(item)
+                    elif isinstance(item, _FlushMarker):
+                        markers.append(item)
+                    else:
+                        stopping = True  # appends that raced close() are written too
+                for start in range(0, len(records), self._max_batch):
+                    self._write(records[start : start + self._max_batch])
+                for marker in markers:
+                    marker.done.set()
+        finally:
+            self._backend.close_writer()
+
+    def _take_all(self) -> list[object]:
+        items: list[object] = []
+        pending = self._pending
+        while pending:
+            items.append(pending.popleft())
+        return items
+
+    def _write(self, rows: Sequence[_Row]) -> None:
+        if not rows:
+            return
+        delay, give_up = 0.05, time.monotonic() + self._retry_for
+        while True:
+            try:
+                self._backend.write_batch(rows)
+            except Exception as exc:
+                if time.monotonic() + delay > give_up:
+                    self._lose(
+                        len(rows), f"{type(exc).__name__}: {self._backend.scrub(str(exc).strip())}"
+                    )
+                    return
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            else:
+                self.batches_written += 1
+                self.records_written += len(rows)
+                return
+
+    def _lose(self, count: int, error: str) -> None:
+        self.lost += count
+        self._last_error = error
+        logger.warning("query log %s could not write %d records: %s", self.name, count, error)
