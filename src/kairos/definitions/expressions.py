@@ -379,8 +379,9 @@ def lift(value: Any) -> Expr:
         return value
     if isinstance(value, Underscore):
         raise DefinitionError("`_` alone is not an expression; write `_.feature_name`")
-    if value is _now_marker():
-        return NowRef()
+    stands_for = getattr(type(value), "__kairos_expr__", None)  # `Now`, through its metaclass
+    if stands_for is not None:
+        return stands_for(value)  # type: ignore[no-any-return]
     if isinstance(value, list | tuple | set | frozenset):
         return Lit(tuple(value))
     if value is None or isinstance(value, bool | int | float | str | date | datetime | timedelta):
@@ -397,9 +398,3 @@ def _hashable(value: Any) -> bool:
     except TypeError:
         return False
     return True
-
-
-def _now_marker() -> object:
-    from kairos.definitions.types import Now
-
-    return Now

@@ -21,7 +21,7 @@ from kairos.definitions.durations import (
     optional_duration,
     parse_duration,
 )
-from kairos.errors import DefinitionError
+from kairos.errors import DefinitionError, did_you_mean
 
 C = TypeVar("C", bound=type)
 MISSING: Any = type("Missing", (), {"__repr__": lambda self: "MISSING"})()
@@ -429,8 +429,6 @@ def _init(self: Any, **values: Any) -> None:
     spec: FeatureClassSpec = type(self).__kairos__
     for name, value in values.items():
         if name not in spec.features:
-            from kairos.errors import did_you_mean
-
             raise DefinitionError(
                 f"{type(self).__name__} has no feature {name!r}{did_you_mean(name, spec.features)}"
             )

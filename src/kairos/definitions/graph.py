@@ -6,6 +6,7 @@ forward references such as `"User.id"` work), and checks everything once, when a
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import io
 import re
@@ -18,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from kairos.definitions import expressions as ex
+from kairos.definitions.binding import check_expressions
 from kairos.definitions.feature import (
     MISSING,
     Feature,
@@ -215,8 +217,6 @@ class _Builder:
         classes = {ns: self._class(spec) for ns, spec in self.specs.items()}
         classes = {ns: self._link_has_many(info, classes) for ns, info in classes.items()}
         graph = Graph(classes)
-        from kairos.definitions.binding import check_expressions
-
         check_expressions(graph)
         return graph
 
@@ -454,9 +454,7 @@ class _Builder:
 
 
 def _replace(info: FeatureInfo, **changes: Any) -> FeatureInfo:
-    from dataclasses import replace
-
-    return replace(info, **changes)
+    return dataclasses.replace(info, **changes)
 
 
 def _is_annotated(annotation: Any) -> bool:

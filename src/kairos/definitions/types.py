@@ -17,6 +17,7 @@ from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeAlias, TypeVar, TypeVarTuple
 
 from kairos.definitions import expressions as ex
+from kairos.definitions.feature import ref_of
 
 T = TypeVar("T")
 
@@ -67,6 +68,10 @@ class _NowMeta(type):
 
     def __hash__(cls) -> int:
         return id(cls)
+
+    def __kairos_expr__(cls) -> ex.Expr:
+        """What `ex.lift(Now)` turns the class into."""
+        return ex.NowRef()
 
 
 class Now(datetime, metaclass=_NowMeta):
@@ -141,8 +146,6 @@ class DataFrame(Generic[T]):
         return iter(self.rows)
 
     def __getitem__(self, column: Any) -> list[Any]:
-        from kairos.definitions.feature import ref_of
-
         ref = ref_of(column)
         name = ref.name if ref is not None else column
         return [row.get(name) for row in self.rows]

@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from kairos.definitions import expressions as ex
-from kairos.definitions.binding import BoundExpression, Field, Rows, Slot
+from kairos.definitions.binding import BoundExpression, Field, Rows, Slot, bind_feature
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,6 @@ class IndexedWindow:
 def indexed_window(graph: Any, namespace: str, name: str) -> IndexedWindow | None:
     """How the event index answers `namespace.name`, or None when it cannot (then the
     engine evaluates the expression over the rows)."""
-    from kairos.definitions.binding import bind_feature
-
     info = graph.feature(namespace, name)
     if info.expression is None or info.window is None:
         return None

@@ -26,6 +26,7 @@ from jinja2 import meta
 from jinja2.sandbox import SandboxedEnvironment
 
 from kairos.definitions.completion import Message
+from kairos.definitions.feature import window_name
 from kairos.errors import DefinitionError, KairosError
 
 TEMPLATE = "(template)"  # the bucket of tokens no feature accounts for
@@ -131,8 +132,6 @@ class Windows(dict[str, Any]):
 
     def __getitem__(self, window: Any) -> Any:
         if isinstance(window, str) and window not in self:
-            from kairos.definitions.feature import window_name
-
             with contextlib.suppress(KairosError):
                 window = window_name(window)
         return super().__getitem__(window)

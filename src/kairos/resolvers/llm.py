@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import hashlib
 import inspect
 import json
 import time
@@ -152,8 +153,6 @@ class CompletionResolver(Resolver[..., Any]):
     @functools.cached_property
     def version(self) -> str:
         """The model and a hash of the prompt, so the query log says what produced a value."""
-        import hashlib
-
         text = json.dumps(
             [
                 self.options.model,
