@@ -379,7 +379,8 @@ def lift(value: Any) -> Expr:
         return value
     if isinstance(value, Underscore):
         raise DefinitionError("`_` alone is not an expression; write `_.feature_name`")
-    stands_for = getattr(type(value), "__kairos_expr__", None)  # `Now`, through its metaclass
+    # `Now` (the class, not a datetime of it) stands for the query's time through its metaclass
+    stands_for = getattr(type(value), "__kairos_expr__", None) if isinstance(value, type) else None
     if stands_for is not None:
         return stands_for(value)  # type: ignore[no-any-return]
     if isinstance(value, list | tuple | set | frozenset):
