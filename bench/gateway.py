@@ -208,7 +208,7 @@ def serve_upstream(port: int) -> None:
 
 
 class HttpxClient:
-    """The gateway's upstream client interface (kairos.gateway.http.HTTPClient) on httpx, for
+    """The gateway's upstream client interface (kairos.http.client.HTTPClient) on httpx, for
     the maintained-stack side of the comparison."""
 
     def __init__(self) -> None:
@@ -223,7 +223,7 @@ class HttpxClient:
         self, method: str, url: str, headers: dict[str, str], body: bytes, timeout: float, *,
         connect_timeout: float = 5.0,
     ) -> HttpxResponse:  # fmt: skip
-        from kairos.gateway.http import HTTPFailure
+        from kairos.http.client import HTTPFailure
 
         httpx = self._httpx
         request = self._client.build_request(
@@ -249,7 +249,7 @@ class HttpxResponse:
         self.headers = {k.lower(): v for k, v in response.headers.items()}
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        from kairos.gateway.http import HTTPFailure
+        from kairos.http.client import HTTPFailure
 
         try:
             async for chunk in self._response.aiter_raw():

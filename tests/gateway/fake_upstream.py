@@ -55,7 +55,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from kairos.server.http1 import Server
+from kairos.http.server import Server
 
 T = TypeVar("T")
 TOKENS_IN = 10

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import httpx
 
-from kairos.gateway import Gateway, GatewayConfig, http
+from kairos.gateway import Gateway, GatewayConfig
 from kairos.gateway.accounting import Accountant
 from kairos.gateway.counters import counters_from_url
 from kairos.gateway.keys import Budget, KeyRecord
 from kairos.gateway.prices import Price
-from kairos.server import gateway_app, http1
+from kairos.http import client, server
+from kairos.server import gateway_app
 from kairos.server.gateway_app import create_gateway_app
 from tests.gateway.conftest import ENVIRON, config, new_key
 from tests.gateway.fake_upstream import FakeUpstream, ServerThread
@@ -44,8 +45,8 @@ def test_the_defaults_the_readme_names(tmp_path: Path) -> None:
     finally:
         asyncio.run(gateway.close())
     # the HTTP edge and the upstream client
-    assert http1.MAX_HEAD == 64 * 1024 and gateway_app.MAX_BODY == 8 * 1024 * 1024
-    assert http.IDLE_EXPIRY == 4 and http.MAX_AGE == 300
+    assert server.MAX_HEAD == 64 * 1024 and gateway_app.MAX_BODY == 8 * 1024 * 1024
+    assert client.IDLE_EXPIRY == 4 and client.MAX_AGE == 300
     assert gateway_app.SETTLE_AFTER == 0.002
 
 

@@ -23,12 +23,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from kairos.gateway import Gateway, http
-from kairos.gateway.http import HTTPClient, HTTPFailure
+from kairos.gateway import Gateway
+from kairos.http import client as http_client
+from kairos.http.client import HTTPClient, HTTPFailure
 from kairos.server.gateway_app import create_gateway_app
 from tests.gateway.conftest import config, deployment, new_key
 from tests.gateway.fake_upstream import FakeUpstream, ServerThread
-from tests.gateway.test_http import read_request, serve
+from tests.http.test_client import read_request, serve
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 
@@ -79,7 +80,7 @@ def test_pooled_connections_expire(monkeypatch: pytest.MonkeyPatch, limit: str) 
         try:
             for _ in range(3):
                 assert await (await client.request("POST", url, {}, b"x", 5)).read() == b"ok"
-            monkeypatch.setattr(http, limit, 0.05)
+            monkeypatch.setattr(http_client, limit, 0.05)
             await asyncio.sleep(0.1)
             for _ in range(2):
                 assert await (await client.request("POST", url, {}, b"x", 5)).read() == b"ok"

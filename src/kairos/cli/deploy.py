@@ -140,7 +140,7 @@ async def _serve_gateway(
     from kairos.gateway import Gateway, GatewayConfig
     from kairos.llm.group_provider import DeploymentProvider
     from kairos.server.gateway_app import create_gateway_app
-    from kairos.server.http1 import Server
+    from kairos.http.server import Server
 
     merged, folder, port = settings
     config = GatewayConfig.from_mapping(merged, base_dir=folder, where=f"{folder} gateway")

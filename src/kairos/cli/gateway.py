@@ -194,7 +194,7 @@ def _serve(args: argparse.Namespace) -> int:
     from kairos.cli.serve import is_local
     from kairos.gateway import Gateway, GatewayConfig
     from kairos.server.gateway_app import create_gateway_app
-    from kairos.server.http1 import serve
+    from kairos.http.server import serve
 
     config = GatewayConfig.load(args.project)
     host, port = args.host or config.host, args.port or config.port

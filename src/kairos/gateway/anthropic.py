@@ -35,7 +35,6 @@ from typing import Any
 
 import orjson
 
-from kairos.gateway import sse
 from kairos.gateway.config import ProviderConfig
 from kairos.gateway.errors import (
     InvalidRequest,
@@ -43,7 +42,6 @@ from kairos.gateway.errors import (
     UpstreamError,
     UpstreamIncomplete,
 )
-from kairos.gateway.http import HTTPClient
 from kairos.gateway.providers import event_stream, json_reply, post
 from kairos.gateway.responses_chat import (
     check_fields,
@@ -52,6 +50,8 @@ from kairos.gateway.responses_chat import (
     to_response,
     untranslatable,
 )
+from kairos.http import sse
+from kairos.http.client import HTTPClient
 
 API_VERSION = "2023-06-01"
 _STOP = {

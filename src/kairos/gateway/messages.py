@@ -18,9 +18,9 @@ from typing import Any
 
 import orjson
 
-from kairos.gateway import sse
 from kairos.gateway.anthropic import content_text, usage_as_anthropic
 from kairos.gateway.errors import InvalidRequest, UpstreamError
+from kairos.http import sse
 from kairos.llm.tokens import tokenizer_for
 
 _FINISH = {

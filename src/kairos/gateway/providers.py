@@ -12,7 +12,6 @@ from typing import Any, Protocol
 
 import orjson
 
-from kairos.gateway import sse
 from kairos.gateway.config import ProviderConfig
 from kairos.gateway.errors import (
     GatewayConfigError,
@@ -20,8 +19,9 @@ from kairos.gateway.errors import (
     UpstreamError,
     UpstreamIncomplete,
 )
-from kairos.gateway.http import HTTPClient, HTTPFailure, Response
 from kairos.gateway.scrub import Secrets
+from kairos.http import sse
+from kairos.http.client import HTTPClient, HTTPFailure, Response
 
 PATHS = {
     "chat": "/chat/completions", "completion": "/completions", "embedding": "/embeddings",

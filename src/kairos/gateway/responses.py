@@ -13,10 +13,10 @@ from typing import Any
 
 import orjson
 
-from kairos.gateway import sse
 from kairos.gateway.errors import InvalidRequest
 from kairos.gateway.providers import RESPONSE_ENDS, Usage, openai_usage
 from kairos.gateway.requests import model_and_stream
+from kairos.http import sse
 
 # Fields the gateway cannot account for, each with the fix: a stored prompt's text is not
 # in the request (nor in another account's deployment, after a failover), a background

@@ -11,11 +11,11 @@ from typing import Any
 
 import orjson
 
-from kairos.gateway import sse
 from kairos.gateway.errors import UpstreamError
 from kairos.gateway.providers import RESPONSE_ENDS, Usage, chunk_usage
 from kairos.gateway.responses import error_event, event_usage
 from kairos.gateway.scrub import Secrets
+from kairos.http import sse
 
 
 class Stream:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -12,10 +12,8 @@ import httpx
 import pytest
 
 from kairos.errors import KairosError
-from kairos.server.http1 import MAX_HEAD, Message, Scope, Server
-
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+from kairos.http.server import MAX_HEAD, Server
+from kairos.http.types import Receive, Scope, Send
 
 
 def free_port() -> int:

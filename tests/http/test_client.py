@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from kairos.gateway.http import HTTPClient, HTTPFailure
+from kairos.http.client import HTTPClient, HTTPFailure
 
 Reply = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

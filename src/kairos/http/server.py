@@ -22,7 +22,7 @@ import contextlib
 import logging
 import signal
 from collections import deque
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, cast
 from urllib.parse import unquote
@@ -30,15 +30,9 @@ from urllib.parse import unquote
 import httptools
 
 from kairos.errors import KairosError
+from kairos.http.types import ASGIApp, Message, Scope
 
 logger = logging.getLogger(__name__)
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-App = Callable[
-    [Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
-    Awaitable[None],
-]
 
 MAX_HEAD = 64 * 1024  # bytes of request line and headers
 MAX_BUFFERED = 256 * 1024  # request body bytes held before reading pauses for the app
@@ -475,7 +469,7 @@ def _address(value: Any) -> tuple[str, int] | None:
 class Server:
     """Serves `app` until `stop()`; `started` is set once it listens."""
 
-    def __init__(self, app: App, *, keep_alive: float = 5.0, grace: float = 30.0) -> None:
+    def __init__(self, app: ASGIApp, *, keep_alive: float = 5.0, grace: float = 30.0) -> None:
         self.app = app
         self.keep_alive = keep_alive
         self.grace = grace
@@ -531,7 +525,7 @@ class Server:
 class _Lifespan:
     """The ASGI lifespan protocol; an app that does not speak it is served without it."""
 
-    def __init__(self, app: App, state: dict[str, Any]) -> None:
+    def __init__(self, app: ASGIApp, state: dict[str, Any]) -> None:
         self.app = app
         self.state = state
         self.inbox: asyncio.Queue[Message] = asyncio.Queue()
@@ -570,7 +564,9 @@ class _Lifespan:
                 await asyncio.wait_for(self.task, 5)
 
 
-def serve(app: App, host: str, port: int, *, on_start: Callable[[], None] | None = None) -> None:
+def serve(
+    app: ASGIApp, host: str, port: int, *, on_start: Callable[[], None] | None = None
+) -> None:
     """Serve until SIGINT or SIGTERM, on uvloop."""
     import uvloop
 

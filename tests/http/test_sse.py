@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from kairos.gateway.sse import Event, Parser
+from kairos.http.sse import Event, Parser
 
 PARTS = [
     b'data: {"a":1}\n\n', b"data: x\r\n\r\n", b"event: e\ndata: y\n\n", b"data:z\n\n",
