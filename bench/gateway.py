@@ -275,7 +275,7 @@ def serve_uvicorn(port: int, project: str) -> None:
     import uvicorn
 
     from kairos.gateway import Gateway, GatewayConfig
-    from kairos.server.gateway_app import create_gateway_app
+    from kairos.gateway.app import create_gateway_app
 
     gateway = Gateway(GatewayConfig.load(project))
     for provider in gateway.providers.values():

@@ -19,7 +19,7 @@ import tiktoken
 
 from kairos.gateway import Gateway
 from kairos.gateway.anthropic import from_anthropic
-from kairos.server.gateway_app import create_gateway_app
+from kairos.gateway.app import create_gateway_app
 from tests.gateway.conftest import (
     PROVIDER_SECRET,
     closed_after_test,

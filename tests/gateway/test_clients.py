@@ -26,7 +26,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
 from kairos.gateway import Gateway
-from kairos.server.gateway_app import create_gateway_app
+from kairos.gateway.app import create_gateway_app
 from tests.gateway.conftest import config, deployment, ledger, new_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
 

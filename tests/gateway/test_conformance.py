@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from kairos.gateway import Gateway
-from kairos.server.gateway_app import create_gateway_app
+from kairos.gateway.app import create_gateway_app
 from tests.gateway.conftest import ADMIN_KEY, ENVIRON, config
 from tests.gateway.fake_upstream import FakeUpstream, ServerThread, free_port
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import httpx
 
 from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway import app as gateway_app
 from kairos.gateway.accounting import Accountant
+from kairos.gateway.app import create_gateway_app
 from kairos.gateway.counters import counters_from_url
 from kairos.gateway.keys import Budget, KeyRecord
 from kairos.gateway.prices import Price
 from kairos.http import client, server
-from kairos.server import gateway_app
-from kairos.server.gateway_app import create_gateway_app
 from tests.gateway.conftest import ENVIRON, config, new_key
 from tests.gateway.fake_upstream import FakeUpstream, ServerThread
 

@@ -26,10 +26,10 @@ import yaml
 from kairos.cli.main import main
 from kairos.gateway import Gateway, GatewayConfig
 from kairos.gateway.accounting import input_bound, seconds_to_reset
+from kairos.gateway.app import DRAIN_BYTES, MAX_BODY, create_gateway_app
 from kairos.gateway.errors import GatewayConfigError
 from kairos.gateway.keys import MAX_AMOUNT, MAX_PER_MINUTE
 from kairos.gateway.requests import input_parts
-from kairos.server.gateway_app import DRAIN_BYTES, MAX_BODY, create_gateway_app
 from tests.gateway.conftest import (
     ADMIN_KEY,
     ENVIRON,

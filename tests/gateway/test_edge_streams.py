@@ -16,8 +16,8 @@ import orjson
 import pytest
 
 from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway.app import create_gateway_app
 from kairos.gateway.scrub import Secrets
-from kairos.server.gateway_app import create_gateway_app
 from tests.gateway.conftest import (
     ADMIN_KEY,
     ENVIRON,

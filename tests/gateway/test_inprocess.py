@@ -36,7 +36,7 @@ def test_anthropic_callers_get_anthropic_errors(upstream: FakeUpstream, tmp_path
         "broken": {"deployments": [deployment("broken")]},
     }
     gateway = Gateway(config(upstream, tmp_path, models=models))
-    from kairos.server.gateway_app import create_gateway_app
+    from kairos.gateway.app import create_gateway_app
 
     with ServerThread(create_gateway_app(gateway), kairos=True) as server:
         server.gateway = gateway  # type: ignore[attr-defined]

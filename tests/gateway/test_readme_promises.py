@@ -21,8 +21,8 @@ import orjson
 import pytest
 
 from kairos.gateway import Gateway
+from kairos.gateway.app import create_gateway_app
 from kairos.gateway.ledger import LedgerRow
-from kairos.server.gateway_app import create_gateway_app
 from tests.gateway.conftest import config, deployment, new_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
 

@@ -16,8 +16,8 @@ import pytest
 
 from kairos.gateway import Gateway, Stream
 from kairos.gateway.accounting import input_bound
+from kairos.gateway.app import create_gateway_app
 from kairos.gateway.requests import input_parts
-from kairos.server.gateway_app import create_gateway_app
 from tests.gateway.conftest import (
     PROVIDER_SECRET,
     closed_after_test,

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from kairos.gateway import Gateway
-from kairos.server.gateway_app import create_gateway_app
+from kairos.gateway.app import create_gateway_app
 from tests.gateway.conftest import PROVIDER_SECRET, closed_after_test, config, ledger, new_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
 

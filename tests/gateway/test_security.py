@@ -56,7 +56,7 @@ def test_allow_list_cannot_be_bypassed(upstream: FakeUpstream, tmp_path: Path) -
         "secret": {"deployments": [deployment("echo")]},
     }
     gateway = Gateway(config(upstream, tmp_path, models=models, aliases={"fast": "secret"}))
-    from kairos.server.gateway_app import create_gateway_app
+    from kairos.gateway.app import create_gateway_app
 
     with ServerThread(create_gateway_app(gateway), kairos=True) as server:
         server.gateway = gateway  # type: ignore[attr-defined]

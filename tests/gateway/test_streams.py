@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from kairos.gateway import Gateway
-from kairos.server.gateway_app import create_gateway_app
+from kairos.gateway.app import create_gateway_app
 from tests.gateway.conftest import config, deployment, new_key, rows_when
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
 

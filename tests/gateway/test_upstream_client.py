@@ -24,9 +24,9 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from kairos.gateway import Gateway
+from kairos.gateway.app import create_gateway_app
 from kairos.http import client as http_client
 from kairos.http.client import HTTPClient, HTTPFailure
-from kairos.server.gateway_app import create_gateway_app
 from tests.gateway.conftest import config, deployment, new_key
 from tests.gateway.fake_upstream import FakeUpstream, ServerThread
 from tests.http.test_client import read_request, serve

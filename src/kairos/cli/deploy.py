@@ -139,7 +139,7 @@ async def _serve_gateway(
     """Start the gateway app on this loop with `group` as one of its providers."""
     from kairos.gateway import Gateway, GatewayConfig
     from kairos.llm.group_provider import DeploymentProvider
-    from kairos.server.gateway_app import create_gateway_app
+    from kairos.gateway.app import create_gateway_app
     from kairos.http.server import Server
 
     merged, folder, port = settings

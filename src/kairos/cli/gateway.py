@@ -193,7 +193,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from kairos.cli.serve import is_local
     from kairos.gateway import Gateway, GatewayConfig
-    from kairos.server.gateway_app import create_gateway_app
+    from kairos.gateway.app import create_gateway_app
     from kairos.http.server import serve
 
     config = GatewayConfig.load(args.project)

@@ -1,5 +1,5 @@
 """The model gateway: one OpenAI-compatible endpoint with keys, hard budgets, failover and a
-ledger. `Gateway` is the in-process API; `kairos.server.gateway_app` serves it over HTTP."""
+ledger. `Gateway` is the in-process API; `kairos.gateway.app` serves it over HTTP."""
 
 from kairos.gateway.config import GatewayConfig
 from kairos.gateway.errors import (
