@@ -122,7 +122,7 @@ def test_a_flush_waits_for_values_added_before_it() -> None:
     import time as clock
 
     from kairos.definitions.types import ValueType
-    from kairos.stores.offline_writer import OfflineWriter
+    from kairos.stores.offline.writer import OfflineWriter
 
     written: list[str] = []
     gate = threading.Event()

@@ -10,7 +10,7 @@ from psycopg import sql
 
 from kairos.errors import KairosError
 from kairos.stores.offline import offline_store_from_url
-from kairos.stores.offline_postgres import PostgresOfflineStore, postgres_table_name
+from kairos.stores.offline.postgres import PostgresOfflineStore, postgres_table_name
 from tests.stores.test_offline_store import (
     INT,
     STR,

@@ -40,7 +40,7 @@ from kairos.resolvers.registry import ResolverSet
 from kairos.sources import source_from_config
 from kairos.stores.datasets import DatasetStore
 from kairos.stores.offline import OfflineStore, offline_store_from_url
-from kairos.stores.offline_writer import OfflineWriter
+from kairos.stores.offline.writer import OfflineWriter
 from kairos.stores.online import OnlineStore, online_store_from_url
 from kairos.stores.query_log import (
     LoggedQuery,

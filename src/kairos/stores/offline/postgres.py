@@ -26,7 +26,7 @@ import pyarrow as pa
 from kairos.definitions.types import ValueType
 from kairos.errors import InvalidInput, InvalidValue, KairosError
 from kairos.sources.url import redact, scrub
-from kairos.stores.offline import (
+from kairos.stores.offline.base import (
     _KEY_TYPES,
     _VALUE_TYPES,
     Column,
@@ -108,6 +108,7 @@ class PostgresOfflineStore(OneFeatureWrites):
     The store owns one connection behind a lock; a lost connection is reopened on next use.
 
     >>> store = PostgresOfflineStore("postgresql://postgres@127.0.0.1:5432/test", "demo")
+    >>> from datetime import UTC
     >>> t = datetime(2026, 1, 1, tzinfo=UTC)
     >>> store.write("user", "age", ValueType("int"), ValueType("str"), ["u1"], [t], [41])
     >>> store.asof("user", "age", ["u1", "u1"], [t, t - timedelta(days=1)]).to_pylist()

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from kairos.definitions.types import ValueType
-from kairos.stores.offline import OfflineStore
+from kairos.stores.offline.base import OfflineStore
 
 logger = logging.getLogger(__name__)
 
