@@ -50,7 +50,7 @@ import redis
 import redis.asyncio
 import uvloop
 
-from kairos.stores.redis_online import RedisOnlineStore
+from kairos.stores.online.redis import RedisOnlineStore
 
 BENCH_DIR = Path(__file__).resolve().parent
 FEAST_VENV = BENCH_DIR / ".venv-feast"

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from kairos.stores import RedisOnlineStore, StoredValue
-from kairos.stores.redis_online import OnlineStoreUnavailable
+from kairos.stores.online.redis import OnlineStoreUnavailable
 from tests.stores.conftest import REDIS_URL, delete_prefix, redis_available
 
 T0 = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)

@@ -20,7 +20,7 @@ import orjson
 
 from kairos.errors import KairosError
 from kairos.stores.codec import CorruptValue, decode, encode, encode_key, from_micros, to_micros
-from kairos.stores.online import StoredValue, StoreKey
+from kairos.stores.online.base import StoredValue, StoreKey
 
 T = TypeVar("T")
 

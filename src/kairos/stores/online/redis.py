@@ -19,20 +19,17 @@ import logging
 import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
-
-import redis.asyncio as redis
-from redis.asyncio.connection import parse_url
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from kairos.errors import BackendUnavailable, KairosError
 from kairos.stores.codec import CorruptValue, decode, encode, encode_key, from_micros, to_micros
-from kairos.stores.online import StoredValue, StoreKey, redact_url
+from kairos.stores.online.base import StoredValue, StoreKey, redact_url
 
 __all__ = ["OnlineStoreUnavailable", "RedisOnlineStore"]
+
+if TYPE_CHECKING:
+    import redis.asyncio as redis
 
 DEFAULT_PREFIX = "kairos"
 
@@ -96,6 +93,14 @@ class RedisOnlineStore:
             raise KairosError(f"online store URL {redact_url(url)!r}: the key prefix is empty")
         rest = urlencode([(name, value) for name, value in query if name != "prefix"])
         self._url = urlunsplit(parts._replace(query=rest))
+        # redis-py is imported by the first store, not by `import kairos`
+        from redis.asyncio.connection import parse_url
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import NoScriptError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        self._unreachable = (RedisConnectionError, RedisTimeoutError)
+        self._no_script = NoScriptError
         try:
             parse_url(self._url)  # a bad URL fails here, not at the first query
         except ValueError as error:
@@ -133,7 +138,7 @@ class RedisOnlineStore:
                     for entity, wanted in entities.items():
                         pipe.hmget(entity, [name for _, name in wanted])
                     replies = await pipe.execute()
-        except (RedisConnectionError, RedisTimeoutError) as error:
+        except self._unreachable as error:
             raise self._unavailable(error) from None
         values: list[StoredValue | None] = [None] * len(keys)
         for (entity, wanted), reply in zip(entities.items(), replies, strict=True):
@@ -155,12 +160,14 @@ class RedisOnlineStore:
         client = self._client()
         try:
             replies = await self._evalsha(client, chunks)
-            unloaded = [c for c, r in zip(chunks, replies, strict=True) if _no_script(r)]
+            unloaded = [
+                c for c, r in zip(chunks, replies, strict=True) if isinstance(r, self._no_script)
+            ]
             if unloaded:  # first put since Redis started (or SCRIPT FLUSH): load, then retry
                 await client.script_load(_PUT_NEWEST)
-                replies = [r for r in replies if not _no_script(r)]
+                replies = [r for r in replies if not isinstance(r, self._no_script)]
                 replies += await self._evalsha(client, unloaded)
-        except (RedisConnectionError, RedisTimeoutError) as error:
+        except self._unreachable as error:
             raise self._unavailable(error) from None
         for reply in replies:
             if isinstance(reply, Exception):
@@ -189,6 +196,8 @@ class RedisOnlineStore:
                 # Loops closed without closing the store took their connections with them.
                 for stale in [old for old in self._clients if old.is_closed()]:
                     del self._clients[stale]
+                import redis.asyncio as redis
+
                 client = redis.Redis.from_url(self._url, decode_responses=False)
                 self._clients[loop] = client
             return client
@@ -209,7 +218,7 @@ class RedisOnlineStore:
             replies: list[Any] = await pipe.execute(raise_on_error=False)
             return replies
 
-    def _unavailable(self, error: RedisError) -> OnlineStoreUnavailable:
+    def _unavailable(self, error: Exception) -> OnlineStoreUnavailable:
         return OnlineStoreUnavailable(
             f"online store {redact_url(self._url)!r} is unreachable ({error}); is Redis running?"
         )
@@ -229,10 +238,6 @@ def _stored(payload: bytes) -> StoredValue:
     except OverflowError:
         raise CorruptValue(f"stored observed_at {at!r} is past year 9999") from None
     return StoredValue(decode(payload[_DIGITS:]), observed_at)
-
-
-def _no_script(reply: Any) -> bool:
-    return isinstance(reply, NoScriptError)
 
 
 async def _close_on(
