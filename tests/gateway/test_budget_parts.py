@@ -24,9 +24,9 @@ from kairos.gateway.anthropic import usage_as_anthropic, usage_as_openai
 from kairos.gateway.errors import InvalidRequest
 from kairos.gateway.ledger import LedgerRow, summarize
 from kairos.gateway.providers import Usage, openai_usage
-from kairos.gateway.registry import registry_from_url
 from kairos.gateway.requests import input_parts
 from kairos.gateway.responses import response_usage
+from kairos.gateway.storage import registry_from_url
 from tests.gateway.conftest import PG_URL, config, deployment
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream
 

@@ -13,9 +13,9 @@ from kairos.gateway import Gateway, GatewayConfig
 from kairos.gateway import app as gateway_app
 from kairos.gateway.accounting import Accountant
 from kairos.gateway.app import create_gateway_app
-from kairos.gateway.counters import counters_from_url
 from kairos.gateway.keys import Budget, KeyRecord
 from kairos.gateway.prices import Price
+from kairos.gateway.storage import counters_from_url
 from kairos.http import client, server
 from tests.gateway.conftest import ENVIRON, config, new_key
 from tests.gateway.fake_upstream import FakeUpstream, ServerThread

@@ -27,9 +27,9 @@ import yaml
 
 from kairos.cli.main import main
 from kairos.gateway.accounting import input_bound
-from kairos.gateway.counters import Line, counters_from_url
+from kairos.gateway.counters import Line
 from kairos.gateway.ledger import LedgerRow, LedgerWriter
-from kairos.gateway.registry import registry_from_url
+from kairos.gateway.storage import counters_from_url, registry_from_url
 from tests.gateway.conftest import (
     ADMIN_KEY,
     ENVIRON,

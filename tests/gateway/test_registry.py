@@ -12,7 +12,7 @@ import pytest
 from kairos.gateway import Gateway
 from kairos.gateway.keys import Budget, new_key
 from kairos.gateway.ledger import LedgerRow, summarize
-from kairos.gateway.registry import registry_from_url
+from kairos.gateway.storage import registry_from_url
 from tests.gateway.conftest import (
     PG_URL,
     REDIS_URL,

@@ -9,8 +9,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from kairos.gateway import sqlite_thread
-from kairos.gateway.sqlite_thread import SQLiteThread
+from kairos.backends.sqlite import WAL_PAGES, SQLiteThread
 
 SCHEMA = "create table if not exists rows (id integer primary key, payload text);"
 
@@ -40,6 +39,6 @@ def test_inline_writes_leave_checkpoints_to_the_thread(tmp_path: Path) -> None:
     automatic, wal = asyncio.run(scenario())
     assert automatic == {0}  # the connection on the loop never checkpoints
     # ~25 MB went through the WAL; the thread's checkpoints kept it to a few thousand pages
-    assert wal < 3 * sqlite_thread.WAL_PAGES * 4096
+    assert wal < 3 * WAL_PAGES * 4096
     with sqlite3.connect(path) as connection:
         assert connection.execute("select count(*) from rows").fetchone()[0] == 3 * 1024

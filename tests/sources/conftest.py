@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from kairos.sources import Source, source_from_config
-from kairos.sources.threaded import source_thread
+from kairos.sources.errors import source_thread
 
 T = TypeVar("T")
 

@@ -57,25 +57,3 @@ def process_holds(process: str) -> tuple[tuple[str, str], tuple[str, str]]:
     """Id ranges (low inclusive, high exclusive) of a process's holds: its calls' (the
     process's id prefix) and its budget shares' (`share-` and the prefix)."""
     return (process, process + "g"), ("share-" + process, "share-" + process + "g")
-
-
-def counters_from_url(url: str) -> Counters:
-    """The counters backend a URL names; no I/O until first use."""
-    if url.startswith("sqlite:///"):
-        from kairos.gateway.counters_sqlite import SQLiteCounters
-
-        return SQLiteCounters(url.removeprefix("sqlite:///"))
-    if url.startswith(("postgresql://", "postgres://")):
-        from kairos.gateway.counters_postgres import PostgresCounters
-
-        return PostgresCounters(url)
-    if url.startswith(("redis://", "rediss://")):
-        from kairos.gateway.counters_redis import RedisCounters
-
-        return RedisCounters(url)
-    from kairos.gateway.errors import GatewayConfigError
-
-    raise GatewayConfigError(
-        f"gateway counters URL must start with sqlite:///, postgresql:// or redis://, "
-        f"got scheme {url.partition(':')[0]!r}"
-    )

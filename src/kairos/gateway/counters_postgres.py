@@ -9,11 +9,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
-import psycopg
 
+from kairos.backends.postgres import failures_as
 from kairos.gateway.counters import Line, process_holds
-from kairos.gateway.errors import AccountingUnavailable
-from kairos.gateway.pg import PostgresPool, split_prefix
+from kairos.gateway.pg import PostgresPool, failed, split_prefix
+
+_FAILED = "the gateway's budget store failed"
 
 
 class _Refused(Exception):
@@ -48,39 +49,37 @@ class PostgresCounters:
         order = sorted(range(len(lines)), key=lambda i: lines[i].counter)
         pool = await self._db.pool()
         try:
-            async with pool.connection() as connection, connection.transaction():
-                await connection.execute(
-                    f"insert into {self.counters_table} (counter, spent, expires_at) "
-                    "select c, 0, e from unnest(%s::text[], %s::float8[]) as t(c, e) order by c "
-                    "on conflict (counter) do nothing",
-                    [[lines[i].counter for i in order], [lines[i].expires_at for i in order]],
-                )
-                for index in order:
-                    line = lines[index]
-                    cursor = await connection.execute(
-                        f"update {self.counters_table} set spent = spent + %s "
-                        "where counter = %s and spent + %s <= %s",
-                        [line.amount, line.counter, line.amount, line.limit],
+            with failures_as(failed(_FAILED, "; nothing was charged")):
+                async with pool.connection() as connection, connection.transaction():
+                    await connection.execute(
+                        f"insert into {self.counters_table} (counter, spent, expires_at) "
+                        "select c, 0, e from unnest(%s::text[], %s::float8[]) as t(c, e) "
+                        "order by c on conflict (counter) do nothing",
+                        [[lines[i].counter for i in order], [lines[i].expires_at for i in order]],
                     )
-                    if cursor.rowcount != 1:
-                        raise _Refused(index)
-                await connection.execute(
-                    f"insert into {self.holds_table} (id, lines, lease_until) values (%s, %s, %s)",
-                    [hold_id, orjson.dumps([[x.counter, x.amount] for x in lines]).decode(),
-                     lease_until],
-                )  # fmt: skip
+                    for index in order:
+                        line = lines[index]
+                        cursor = await connection.execute(
+                            f"update {self.counters_table} set spent = spent + %s "
+                            "where counter = %s and spent + %s <= %s",
+                            [line.amount, line.counter, line.amount, line.limit],
+                        )
+                        if cursor.rowcount != 1:
+                            raise _Refused(index)
+                    await connection.execute(
+                        f"insert into {self.holds_table} (id, lines, lease_until) "
+                        "values (%s, %s, %s)",
+                        [hold_id, orjson.dumps([[x.counter, x.amount] for x in lines]).decode(),
+                         lease_until],
+                    )  # fmt: skip
         except _Refused as refused:
             return refused.index
-        except psycopg.Error as error:
-            raise AccountingUnavailable(
-                f"the gateway's budget store failed ({type(error).__name__}); nothing was charged"
-            ) from None
         await self._sweep()
         return None
 
     async def settle(self, hold_id: str, actual: Mapping[str, int]) -> bool:
         pool = await self._db.pool()
-        try:
+        with failures_as(failed(f"{_FAILED} while settling")):
             async with pool.connection() as connection, connection.transaction():
                 cursor = await connection.execute(
                     f"delete from {self.holds_table} where id = %s returning lines, lease_until",
@@ -99,10 +98,6 @@ class PostgresCounters:
                             "where counter = %s",
                             [delta, counter],
                         )
-        except psycopg.Error as error:
-            raise AccountingUnavailable(
-                f"the gateway's budget store failed while settling ({type(error).__name__})"
-            ) from None
         return True
 
     async def orphans(self, process: str) -> list[tuple[str, dict[str, int]]]:
@@ -116,14 +111,10 @@ class PostgresCounters:
 
     async def _fetch(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
         pool = await self._db.pool()
-        try:
+        with failures_as(failed(_FAILED)):
             async with pool.connection() as connection:
                 cursor = await connection.execute(sql, params)
                 return await cursor.fetchall()
-        except psycopg.Error as error:
-            raise AccountingUnavailable(
-                f"the gateway's budget store failed ({type(error).__name__})"
-            ) from None
 
     async def _sweep(self) -> None:
         now = time.time()

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as redis
-from redis.exceptions import NoScriptError, RedisError
-
+from kairos.backends.redis import blocking_client, failures_as, is_missing_script
+from kairos.backends.url import take_options
 from kairos.gateway.counters import Line, process_holds
 from kairos.gateway.errors import AccountingUnavailable
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 # KEYS: counters..., then the hold. ARGV: n, then limit, amount, ttl_ms per counter, lease_ms.
 _HOLD = b"""
@@ -60,22 +61,17 @@ class RedisCounters:
     """`redis://host:port/db?prefix=name` (prefix `kairos-gw`); one Redis, not a cluster."""
 
     def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        prefixes = [value for name, value in query if name == "prefix"]
-        self.prefix = prefixes[-1] if prefixes else "kairos-gw"
-        rest = urlencode([(name, value) for name, value in query if name != "prefix"])
-        self._url = urlunsplit(parts._replace(query=rest))
-        self._client: redis.Redis | None = None
+        self._url, options = take_options(url, {"prefix"})
+        self.prefix = options.get("prefix", "kairos-gw")
+        self._client: Redis | None = None
 
-    def _redis(self) -> redis.Redis:
+    def _redis(self) -> Redis:
         if self._client is None:
             # calls past the pool's size wait for a connection (the default pool refuses
             # them: a burst of 100+ calls would fail); 64 in flight are plenty for one Redis
-            pool = redis.BlockingConnectionPool.from_url(
+            self._client = blocking_client(
                 self._url, max_connections=64, timeout=5, socket_timeout=5
             )
-            self._client = redis.Redis.from_pool(pool)  # closing the client closes the pool
         return self._client
 
     def _key(self, counter: str) -> str:
@@ -83,24 +79,17 @@ class RedisCounters:
 
     async def _script(self, script: bytes, keys: list[str], args: list[Any]) -> Any:
         client = self._redis()
-        try:
+        with failures_as(_failed("; nothing was charged")):
             try:
                 return await client.evalsha(_SHAS[script], len(keys), *keys, *args)
-            except NoScriptError:
+            except Exception as error:
+                if not is_missing_script(error):
+                    raise
                 return await client.eval(script.decode(), len(keys), *keys, *args)
-        except RedisError as error:
-            raise AccountingUnavailable(
-                f"the gateway's budget store (Redis) failed ({type(error).__name__}); "
-                "nothing was charged"
-            ) from None
 
     async def spent(self, counters: Sequence[str]) -> list[int]:
-        try:
+        with failures_as(_failed()):
             values = await self._redis().mget([self._key(c) for c in counters])
-        except RedisError as error:
-            raise AccountingUnavailable(
-                f"the gateway's budget store (Redis) failed ({type(error).__name__})"
-            ) from None
         return [int(v) if v is not None else 0 for v in values]
 
     async def hold(self, hold_id: str, lines: Sequence[Line], lease_until: float) -> int | None:
@@ -122,7 +111,7 @@ class RedisCounters:
     async def orphans(self, process: str) -> list[tuple[str, dict[str, int]]]:
         client, counter_key = self._redis(), self._key("")
         found = []
-        try:
+        with failures_as(_failed()):
             for low, _ in process_holds(process):
                 async for name in client.scan_iter(match=f"{self.prefix}:h:{low}*", count=1000):
                     fields = await client.hgetall(name)
@@ -132,16 +121,19 @@ class RedisCounters:
                         if field  # the '' field only marks the hold as existing
                     }
                     found.append((_text(name).removeprefix(f"{self.prefix}:h:"), held))
-        except RedisError as error:
-            raise AccountingUnavailable(
-                f"the gateway's budget store (Redis) failed ({type(error).__name__})"
-            ) from None
         return sorted(found)
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def _failed(after: str = "") -> Callable[[Exception], Exception]:
+    """The AccountingUnavailable a Redis error becomes (the store fails closed)."""
+    return lambda error: AccountingUnavailable(
+        f"the gateway's budget store (Redis) failed ({type(error).__name__}){after}"
+    )
 
 
 def _text(value: bytes | str) -> str:

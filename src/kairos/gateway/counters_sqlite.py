@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 
 import orjson
 
+from kairos.backends.sqlite import SQLiteThread
 from kairos.gateway.counters import Line, process_holds
-from kairos.gateway.sqlite_thread import SQLiteThread
+from kairos.gateway.errors import AccountingUnavailable
 
 _SCHEMA = """
 create table if not exists gateway_counters (
@@ -42,7 +43,13 @@ _SWEEP_EVERY = 10.0
 
 class SQLiteCounters:
     def __init__(self, path: str) -> None:
-        self._db = SQLiteThread(path, _SCHEMA)
+        self._db = SQLiteThread(
+            path,
+            _SCHEMA,
+            name="the gateway's SQLite store",
+            unavailable=AccountingUnavailable,  # fail closed: a 503
+            thread_name="kairos-gateway-db",
+        )
         self._holds: dict[str, tuple[tuple[tuple[str, int], ...], float]] = {}
         self._last_sweep = 0.0
 

@@ -29,7 +29,7 @@ from kairos.gateway import requests
 from kairos.gateway.accounting import PROCESS, Accountant
 from kairos.gateway.calls import Call
 from kairos.gateway.config import GatewayConfig
-from kairos.gateway.counters import Counters, counters_from_url
+from kairos.gateway.counters import Counters
 from kairos.gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -43,11 +43,12 @@ from kairos.gateway.messages import count_request
 from kairos.gateway.prices import Price
 from kairos.gateway.providers import Provider, provider_for
 from kairos.gateway.recovery import recover
-from kairos.gateway.registry import Registry, registry_from_url
+from kairos.gateway.registry import Registry
 from kairos.gateway.responses import check_responses
 from kairos.gateway.router import Router
 from kairos.gateway.scrub import Secrets
 from kairos.gateway.shares import SharedCounters
+from kairos.gateway.storage import counters_from_url, registry_from_url
 from kairos.gateway.streams import Stream
 
 logger = logging.getLogger(__name__)

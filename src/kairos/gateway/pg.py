@@ -5,30 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool
-
+from kairos.backends import postgres
+from kairos.backends.url import redact, take_options
 from kairos.gateway.errors import AccountingUnavailable, GatewayConfigError
-from kairos.stores.online import redact_url
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool
 
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 
 
 def split_prefix(url: str, default: str = "gateway") -> tuple[str, str]:
     """(the URL without `prefix=`, the table prefix)."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    prefixes = [value for name, value in query if name == "prefix"]
-    prefix = prefixes[-1] if prefixes else default
+    rest, options = take_options(url, {"prefix"})
+    prefix = options.get("prefix", default)
     if not _IDENTIFIER.fullmatch(prefix):
         raise GatewayConfigError(
-            f"{redact_url(url)!r}: prefix must be lower-case letters, digits and _, got {prefix!r}"
+            f"{redact(url)!r}: prefix must be lower-case letters, digits and _, got {prefix!r}"
         )
-    rest = urlencode([(name, value) for name, value in query if name != "prefix"])
-    return urlunsplit(parts._replace(query=rest)), prefix
+    return rest, prefix
 
 
 class PostgresPool:
@@ -45,32 +44,28 @@ class PostgresPool:
             self._opening = asyncio.Lock()
         async with self._opening:
             if self._pool is None:
-                try:
-                    connection = await psycopg.AsyncConnection.connect(
-                        self.url, autocommit=True, connect_timeout=10
+                # libpq may quote the URL, password included: its message is left out
+                unreachable = failed(f"cannot reach the gateway database {redact(self.url)!r}")
+                with postgres.failures_as(unreachable):
+                    connection = await postgres.connect_async(
+                        self.url, autocommit=True, connect_timeout=postgres.CONNECT_TIMEOUT
                     )
                     async with connection, connection.transaction():
                         # processes starting together must not race to create the tables
                         await connection.execute("select pg_advisory_xact_lock(727274)")
                         await connection.execute(self._schema)
-                except psycopg.Error as error:
-                    raise AccountingUnavailable(
-                        f"cannot reach the gateway database {redact_url(self.url)!r} "
-                        f"({type(error).__name__})"
-                    ) from None  # libpq may quote the URL, password included
-                pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
-                    self.url,
-                    kwargs={"autocommit": True},
-                    min_size=1,
-                    max_size=20,
-                    open=False,
-                    timeout=30,
+                self._pool = await postgres.open_pool(
+                    self.url, kwargs={"autocommit": True}, max_size=20, timeout=30
                 )
-                await pool.open(wait=False)
-                self._pool = pool
             return self._pool
 
     async def close(self) -> None:
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
+
+
+def failed(message: str, after: str = "") -> Callable[[Exception], Exception]:
+    """The AccountingUnavailable a psycopg error becomes (the gateway fails closed): the
+    message and the error's type, never the driver's text."""
+    return lambda error: AccountingUnavailable(f"{message} ({type(error).__name__}){after}")

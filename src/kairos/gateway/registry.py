@@ -13,7 +13,6 @@ from typing import Protocol
 
 import orjson
 
-from kairos.gateway.errors import GatewayConfigError
 from kairos.gateway.keys import Budget, KeyRecord
 from kairos.gateway.ledger import LedgerRow
 
@@ -57,22 +56,6 @@ class Registry(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-def registry_from_url(url: str) -> Registry:
-    """The registry a URL names; no I/O until first use."""
-    if url.startswith("sqlite:///"):
-        from kairos.gateway.registry_sqlite import SQLiteRegistry
-
-        return SQLiteRegistry(url.removeprefix("sqlite:///"))
-    if url.startswith(("postgresql://", "postgres://")):
-        from kairos.gateway.registry_postgres import PostgresRegistry
-
-        return PostgresRegistry(url)
-    raise GatewayConfigError(
-        f"gateway registry URL must start with sqlite:/// or postgresql://, "
-        f"got scheme {url.partition(':')[0]!r}"
-    )
 
 
 KEY_COLUMNS = "id, name, secret_hash, created_at, models, rpm, tpm, budgets, expires_at, revoked_at"

@@ -10,14 +10,13 @@ import asyncio
 import atexit
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-
+from kairos.backends import postgres
 from kairos.gateway.errors import AccountingUnavailable
 from kairos.gateway.keys import KeyRecord
 from kairos.gateway.ledger import LedgerRow
-from kairos.gateway.pg import PostgresPool, split_prefix
+from kairos.gateway.pg import PostgresPool, failed, split_prefix
 from kairos.gateway.registry import (
     KEY_COLUMNS,
     LEDGER_ADDED,
@@ -30,6 +29,11 @@ from kairos.gateway.registry import (
     ledger_upsert,
     to_micros,
 )
+
+if TYPE_CHECKING:
+    import psycopg
+
+_FAILED = "the gateway registry (postgres) failed"
 
 # a process id (16 hex digits) as the bigint of its advisory lock
 _LOCK_KEY = "('x' || {})::bit(64)::bigint"
@@ -69,7 +73,7 @@ class PostgresRegistry:
 
     async def _run(self, sql: str, params: Sequence[Any] = (), *, many: bool = False) -> Any:
         pool = await self._db.pool()
-        try:
+        with postgres.failures_as(failed(_FAILED)):
             async with pool.connection() as connection:
                 if many:
                     async with connection.cursor() as cursor:
@@ -77,10 +81,6 @@ class PostgresRegistry:
                         return None
                 cursor = await connection.execute(sql, list(params))
                 return await cursor.fetchall() if cursor.description else cursor.rowcount
-        except psycopg.Error as error:
-            raise AccountingUnavailable(
-                f"the gateway registry (postgres) failed ({type(error).__name__})"
-            ) from None
 
     async def put_key(self, record: KeyRecord) -> None:
         marks = ", ".join(["%s"] * 10)
@@ -138,15 +138,13 @@ class PostgresRegistry:
         )
 
     def _lock(self, process: str) -> None:
-        try:
-            session = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
+        with postgres.failures_as(failed(_FAILED)):
+            session = postgres.connect(
+                self._conninfo, autocommit=True, connect_timeout=postgres.CONNECT_TIMEOUT
+            )
             held = session.execute(
                 f"select pg_try_advisory_lock({_LOCK_KEY.format('%s')})", [process]
             ).fetchone()
-        except psycopg.Error as error:
-            raise AccountingUnavailable(
-                f"the gateway registry (postgres) failed ({type(error).__name__})"
-            ) from None
         if not held or not held[0]:  # 64 random bits collided with a live process's
             session.close()
             raise AccountingUnavailable("this gateway's process id is in use; restart it")
@@ -168,17 +166,13 @@ class PostgresRegistry:
     async def dead_processes(self) -> list[str]:
         # a lock taken here is let go of at commit; a live process's cannot be taken
         pool = await self._db.pool()
-        try:
+        with postgres.failures_as(failed(_FAILED)):
             async with pool.connection() as connection, connection.transaction():
                 cursor = await connection.execute(
                     f"select id from {self.processes_table} "
                     f"where pg_try_advisory_xact_lock({_LOCK_KEY.format('id')}) order by id"
                 )
                 return [row[0] for row in await cursor.fetchall()]
-        except psycopg.Error as error:
-            raise AccountingUnavailable(
-                f"the gateway registry (postgres) failed ({type(error).__name__})"
-            ) from None
 
     async def process_rows(self, process: str, since: datetime) -> list[LedgerRow]:
         rows = await self._run(

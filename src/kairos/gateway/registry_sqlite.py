@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
+from kairos.backends.sqlite import SQLiteThread
 from kairos.gateway.errors import AccountingUnavailable
 from kairos.gateway.keys import KeyRecord
 from kairos.gateway.ledger import LedgerRow
@@ -28,7 +29,6 @@ from kairos.gateway.registry import (
     ledger_upsert,
     to_micros,
 )
-from kairos.gateway.sqlite_thread import SQLiteThread
 
 # marks this process holds, by path: [the descriptor kept open and locked, gateways using it]
 _HELD: dict[str, list[int]] = {}
@@ -60,7 +60,14 @@ def _add_columns(connection: sqlite3.Connection) -> None:
 
 class SQLiteRegistry:
     def __init__(self, path: str) -> None:
-        self._db = SQLiteThread(path, _SCHEMA, _add_columns)
+        self._db = SQLiteThread(
+            path,
+            _SCHEMA,
+            _add_columns,
+            name="the gateway's SQLite store",
+            unavailable=AccountingUnavailable,  # fail closed: a 503
+            thread_name="kairos-gateway-db",
+        )
 
     async def put_key(self, record: KeyRecord) -> None:
         def put(connection: sqlite3.Connection) -> None:

@@ -22,6 +22,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kairos.backends import URL, connect, postgres
+from kairos.backends.url import parse as parse_url
+from kairos.backends.url import redact
 from kairos.errors import BackendUnavailable, InvalidInput, did_you_mean
 from kairos.models.errors import UnknownModel
 from kairos.models.schema import ModelSchema
@@ -153,7 +156,7 @@ class ModelRegistry:
             except (sqlite3.Error, OSError) as error:
                 raise BackendUnavailable(f"model registry {self.url}: {error}") from None
             except Exception as error:
-                if type(error).__module__.startswith("psycopg"):
+                if postgres.is_error(error):
                     self._conn = None
                     raise BackendUnavailable(f"model registry: {error}") from None
                 raise
@@ -435,12 +438,7 @@ class _Cursor:
 
 def _is_outage(error: BaseException) -> bool:
     """A database that is down or locked, not a statement that is wrong."""
-    if isinstance(error, sqlite3.OperationalError):
-        return True
-    return type(error).__module__.startswith("psycopg") and type(error).__name__ in (
-        "OperationalError",
-        "InterfaceError",
-    )
+    return isinstance(error, sqlite3.OperationalError) or postgres.is_outage(error)
 
 
 def _version(row: Any, aliases: tuple[str, ...]) -> ModelVersion:
@@ -461,8 +459,9 @@ def _version(row: Any, aliases: tuple[str, ...]) -> ModelVersion:
 
 def model_registry_from_url(url: str) -> ModelRegistry:
     """`sqlite:///path/models.db` (default) or `postgresql://...`; connects on first use."""
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///") :]
+
+    def sqlite(parsed: URL) -> ModelRegistry:
+        path = parsed.file_path()
 
         def connect_sqlite() -> sqlite3.Connection:
             if path != ":memory:":
@@ -472,15 +471,20 @@ def model_registry_from_url(url: str) -> ModelRegistry:
             return conn
 
         return ModelRegistry(connect_sqlite, "?", url)
-    if url.startswith(("postgresql://", "postgres://")):
 
-        def connect_postgres() -> Any:
-            import psycopg
+    def unknown(parsed: URL) -> InvalidInput:
+        return InvalidInput(
+            f"model registry URL {redact(url)!r}: use sqlite:///path/models.db or postgresql://...",
+            field="models.registry",
+        )
 
-            return psycopg.connect(url)
-
-        return ModelRegistry(connect_postgres, "%s", url.split("@")[-1])
-    raise InvalidInput(
-        f"model registry URL {url!r}: use sqlite:///path/models.db or postgresql://...",
-        field="models.registry",
-    )
+    parsed = parse_url(url)
+    if not parsed.authority or (parsed.family == "sqlite" and not parsed.rest.startswith("/")):
+        raise unknown(parsed)
+    openers = {
+        "sqlite": sqlite,
+        "postgresql": lambda parsed: ModelRegistry(
+            lambda: postgres.connect(url), "%s", redact(url)
+        ),
+    }
+    return connect(parsed, openers, unknown=unknown)

@@ -36,9 +36,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from kairos.backends import URL, connect
+from kairos.backends.url import redact
 from kairos.errors import KairosError, did_you_mean
+from kairos.sources.duckdb import duckdb_source
 from kairos.sources.errors import SourceError
-from kairos.sources.url import interpolate, redact
+from kairos.sources.postgres import postgres_source
+from kairos.sources.sqlite import sqlite_source
+from kairos.sources.url import interpolate
 
 __all__ = ["Source", "SourceError", "redact", "source_from_config"]
 
@@ -109,23 +114,29 @@ def source_from_config(
         raise KairosError(
             f"source {name!r}: tables: is for duckdb:///:memory: sources, not {scheme!r}"
         )
-    if scheme == "sqlite":
-        from kairos.sources.sqlite import sqlite_source
 
-        return sqlite_source(name, url, base_dir)
-    if scheme == "duckdb":
-        from kairos.sources.duckdb import duckdb_source
-
+    def duckdb(parsed: URL) -> Source:
         paths = {
             view: interpolate(path, env, source=name) if isinstance(path, str) else path
             for view, path in (tables or {}).items()
         }
         return duckdb_source(name, url, base_dir, paths)
-    if scheme in ("postgresql", "postgres"):
-        from kairos.sources.postgres import postgres_source
 
-        return postgres_source(name, url)
-    raise KairosError(
-        f"source {name!r}: unknown URL scheme {scheme!r} in {redact(url)!r}"
-        f"{did_you_mean(scheme, _SCHEMES)}; supported: {', '.join(s + '://' for s in _SCHEMES)}"
+    def unknown(parsed: URL) -> KairosError:
+        return KairosError(
+            f"source {name!r}: unknown URL scheme {scheme!r} in {redact(url)!r}"
+            f"{did_you_mean(scheme, _SCHEMES)}; supported: "
+            f"{', '.join(s + '://' for s in _SCHEMES)}"
+        )
+
+    if not scheme:  # `sqlite:x` names no source: the scheme needs its `://`
+        raise unknown(URL(url, "", url, False, -1))
+    return connect(
+        url,
+        {
+            "sqlite": lambda parsed: sqlite_source(name, url, base_dir),
+            "duckdb": duckdb,
+            "postgresql": lambda parsed: postgres_source(name, url),
+        },
+        unknown=unknown,
     )

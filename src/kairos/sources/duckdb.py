@@ -21,17 +21,11 @@ from typing import Any
 
 import duckdb
 
+from kairos.backends.threads import ConnectionThreads
+from kairos.backends.url import redact, take_options
 from kairos.errors import KairosError
-from kairos.sources.errors import SourceError
-from kairos.sources.threaded import ConnectionThreads
-from kairos.sources.url import (
-    file_location,
-    flag,
-    positive_int,
-    redact,
-    reject_other_options,
-    take_options,
-)
+from kairos.sources.errors import SourceError, closed, source_thread
+from kairos.sources.url import file_location, flag, positive_int, reject_other_options
 
 _OPTIONS = ("pool_max", "read_only")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -73,7 +67,12 @@ class DuckDBSource:
         self.views = dict(views or {})
         self._root: duckdb.DuckDBPyConnection | None = None
         self._root_lock = threading.Lock()
-        self._threads = ConnectionThreads(self._cursor, size=pool_max, source=name)
+        self._threads = ConnectionThreads(
+            self._cursor,
+            size=pool_max,
+            thread_name=source_thread(name),
+            closed=lambda: closed(name),
+        )
 
     def __repr__(self) -> str:
         return f"DuckDBSource(name={self.name!r}, url={redact(self.url)!r})"

@@ -21,20 +21,16 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool
+from kairos.backends import postgres
+from kairos.backends.url import redact, scrub, take_options
+from kairos.sources.errors import SourceError, closed, source_thread
+from kairos.sources.url import positive_float, positive_int
 
-from kairos.sources.errors import SourceError
-from kairos.sources.threaded import source_thread
-from kairos.sources.url import (
-    positive_float,
-    positive_int,
-    redact,
-    scrub,
-    take_options,
-)
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool
 
 _OPTIONS = ("pool_max", "pool_timeout")
 
@@ -65,7 +61,7 @@ class PostgresSource:
         self._conninfo = url if conninfo is None else conninfo
         self._connect_options: dict[str, Any] = {"autocommit": True}
         if "connect_timeout=" not in self._conninfo:
-            self._connect_options["connect_timeout"] = 10
+            self._connect_options["connect_timeout"] = postgres.CONNECT_TIMEOUT
         self._lock = threading.Lock()  # guards the three fields below
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -86,7 +82,7 @@ class PostgresSource:
         values = list(params)
         with self._lock:
             if self._closed:
-                raise SourceError(f"source {self.name!r} is closed; open a new one")
+                raise closed(self.name)
             loop = self._start()
             # Scheduled under the lock, so close() cannot stop the loop in between.
             future = asyncio.run_coroutine_threadsafe(self._fetch(sql, values), loop)
@@ -123,14 +119,16 @@ class PostgresSource:
         try:
             async with (
                 pool.connection(timeout=self.pool_timeout) as connection,
-                psycopg.AsyncRawCursor(connection) as cursor,
+                postgres.raw_cursor(connection) as cursor,
             ):
                 await cursor.execute(sql, params)
                 if cursor.description is None:
                     return [], []
                 names = [column.name for column in cursor.description]
                 return names, await cursor.fetchall()
-        except psycopg.Error as error:
+        except Exception as error:
+            if not postgres.is_error(error):
+                raise
             message = scrub(str(error).strip(), self.url)
             raise SourceError(
                 f"source {self.name!r} (postgres): {type(error).__name__}: {message}"
@@ -140,26 +138,22 @@ class PostgresSource:
         async with self._opening:
             if self._pool is None:
                 await self._probe()
-                pool = AsyncConnectionPool(
+                self._pool = await postgres.open_pool(
                     self._conninfo,
                     kwargs=self._connect_options,
-                    min_size=1,
                     max_size=self.pool_max,
-                    open=False,
-                    name=source_thread(self.name),
                     timeout=self.pool_timeout,
+                    name=source_thread(self.name),
                 )
-                await pool.open(wait=False)
-                self._pool = pool
             return self._pool
 
     async def _probe(self) -> None:
         """Connect once by hand: the pool would only log why it cannot connect, and time out."""
         try:
-            connection = await psycopg.AsyncConnection.connect(
-                self._conninfo, **self._connect_options
-            )
-        except psycopg.Error as error:
+            connection = await postgres.connect_async(self._conninfo, **self._connect_options)
+        except Exception as error:
+            if not postgres.is_error(error):
+                raise
             message = scrub(str(error).strip(), self.url)
             raise SourceError(
                 f"source {self.name!r} (postgres) cannot connect to {redact(self.url)!r}: {message}"

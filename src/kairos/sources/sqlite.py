@@ -16,17 +16,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from kairos.backends.threads import ConnectionThreads
+from kairos.backends.url import redact, take_options
 from kairos.errors import KairosError
-from kairos.sources.errors import SourceError
-from kairos.sources.threaded import ConnectionThreads
+from kairos.sources.errors import SourceError, closed, source_thread
 from kairos.sources.url import (
     file_location,
     flag,
     positive_float,
     positive_int,
-    redact,
     reject_other_options,
-    take_options,
 )
 
 _OPTIONS = ("pool_max", "read_only", "busy_timeout")
@@ -57,7 +56,12 @@ class SQLiteSource:
         self.path = path
         self.read_only = read_only
         self._busy_timeout = busy_timeout
-        self._threads = ConnectionThreads(self._connect, size=pool_max, source=name)
+        self._threads = ConnectionThreads(
+            self._connect,
+            size=pool_max,
+            thread_name=source_thread(name),
+            closed=lambda: closed(name),
+        )
 
     def __repr__(self) -> str:
         return f"SQLiteSource(name={self.name!r}, url={redact(self.url)!r})"

@@ -1,10 +1,8 @@
-"""Source URLs: fill in `${VAR}`s, hide passwords, read kairos' own `?option=` values.
+"""Source configs: fill in `${VAR}`s and read kairos' own `?option=` values (the URL itself
+is parsed, and its secrets hidden, by kairos.backends.url).
 
-Passwords follow libpq's reading of a URL: the user-info part ends at the first `@` met
-before any `/`, and a `password=` query option is a password too.
-
->>> redact("postgresql://app:s3cret@db:5432/bank?sslmode=require")
-'postgresql://app:***@db:5432/bank?sslmode=require'
+>>> interpolate("postgresql://app:${PGPASS}@db/bank", {"PGPASS": "pw"}, source="bank")
+'postgresql://app:pw@db/bank'
 """
 
 from __future__ import annotations
@@ -14,11 +12,11 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from urllib.parse import unquote
 
+from kairos.backends.url import option_names, parse, redact
 from kairos.errors import KairosError, did_you_mean
 
 _REFERENCE = re.compile(r"\$\{([^}]*)\}")
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_PASSWORD_OPTION = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 _TRUE = {"true": True, "1": True, "yes": True, "on": True}
 _FALSE = {"false": False, "0": False, "no": False, "off": False}
 
@@ -49,99 +47,14 @@ def interpolate(text: str, environ: Mapping[str, str], *, source: str) -> str:
     return _REFERENCE.sub(value, text)
 
 
-def _userinfo_end(rest: str) -> int:
-    """Index of the `@` closing the user-info part of what follows `scheme://`, or -1."""
-    for index, char in enumerate(rest):
-        if char == "@":
-            return index
-        if char == "/":
-            return -1
-    return -1
-
-
-def redact(url: str) -> str:
-    """The URL with its password (user-info or `password=` option) replaced by `***`.
-
-    >>> redact("postgres://u:p@h/db?password=p2")
-    'postgres://u:***@h/db?password=***'
-    """
-    scheme, separator, rest = url.partition("://")
-    if not separator:
-        return _PASSWORD_OPTION.sub(r"\1***", url)
-    at = _userinfo_end(rest)
-    if at >= 0:
-        user, colon, _ = rest[:at].partition(":")
-        if colon:
-            rest = f"{user}:***{rest[at:]}"
-    rest = _PASSWORD_OPTION.sub(r"\1***", rest)
-    return f"{scheme}://{rest}"
-
-
-def _passwords(url: str) -> list[str]:
-    found: list[str] = []
-    rest = url.partition("://")[2]
-    at = _userinfo_end(rest)
-    if at >= 0:
-        _, colon, password = rest[:at].partition(":")
-        if colon and password:
-            found.append(password)
-    for match in re.finditer(r"[?&]password=([^&#]*)", url, re.IGNORECASE):
-        if match.group(1):
-            found.append(match.group(1))
-    # A driver may echo either spelling, so hide the percent-decoded form too.
-    found += [unquote(password) for password in found]
-    return sorted(set(found), key=len, reverse=True)
-
-
-def scrub(text: str, url: str) -> str:
-    """`text` (a driver's message) with the URL redacted and its passwords replaced by `***`.
-
-    >>> scrub('bad "pw!" in postgres://u:pw!@h/db', "postgres://u:pw!@h/db")
-    'bad "***" in postgres://u:***@h/db'
-    """
-    text = text.replace(url, redact(url))
-    for password in _passwords(url):
-        text = text.replace(password, "***")
-    return text
-
-
-def take_options(url: str, names: Collection[str]) -> tuple[str, dict[str, str]]:
-    """Split kairos' own `?name=value` options (percent-decoded) off a URL; the other
-    options stay in the URL exactly as written, for the driver to read.
-
-    >>> take_options("postgresql://h/db?pool_max=5&sslmode=require", {"pool_max"})
-    ('postgresql://h/db?sslmode=require', {'pool_max': '5'})
-    """
-    scheme, separator, rest = url.partition("://")
-    start = _userinfo_end(rest) + 1  # a password may contain '?'
-    question = rest.find("?", start)
-    if not separator or question < 0:
-        return url, {}
-    head, query = rest[:question], rest[question + 1 :]
-    taken: dict[str, str] = {}
-    kept: list[str] = []
-    for item in query.split("&"):
-        key, _, value = item.partition("=")
-        if unquote(key) in names:
-            taken[unquote(key)] = unquote(value)
-        elif item:
-            kept.append(item)
-    remaining = f"{scheme}://{head}" + (f"?{'&'.join(kept)}" if kept else "")
-    return remaining, taken
-
-
 def reject_other_options(url: str, known: Collection[str], *, source: str) -> None:
     """Raise KairosError when `url` still carries a `?option` after kairos took its own."""
-    rest = url.partition("://")[2]
-    query = rest.partition("?")[2]
-    for item in query.split("&"):
-        key = unquote(item.partition("=")[0])
-        if key:
-            supported = ", ".join(sorted(known)) or "none"
-            raise KairosError(
-                f"source {source!r}: unknown option {key!r} in {redact(url)!r}"
-                f"{did_you_mean(key, known)} (supported: {supported})"
-            )
+    for key in option_names(url):
+        supported = ", ".join(sorted(known)) or "none"
+        raise KairosError(
+            f"source {source!r}: unknown option {key!r} in {redact(url)!r}"
+            f"{did_you_mean(key, known)} (supported: {supported})"
+        )
 
 
 def positive_int(options: Mapping[str, str], key: str, default: int, *, source: str) -> int:
@@ -190,8 +103,9 @@ def file_location(url: str, base_dir: Path, *, source: str) -> str:
     >>> file_location("sqlite:///data/bank.db", Path("/srv/app"), source="bank")
     '/srv/app/data/bank.db'
     """
-    scheme, _, rest = url.partition("://")
-    rest = rest.partition("?")[0]
+    parsed = parse(url)
+    scheme = url.partition("://")[0]
+    rest = parsed.rest.partition("?")[0] if parsed.authority else ""
     if not rest.startswith("/") or rest == "/":
         raise KairosError(
             f"source {source!r}: {redact(url)!r} names no file; write "

@@ -1,8 +1,9 @@
-"""Blocking drivers (sqlite3, duckdb) behind an event loop: a thread pool owned by the
-source, each thread holding its own connection, so no loop ever waits on a query.
+"""Blocking drivers (sqlite3, duckdb) behind an event loop: a thread pool owning its
+connections, each thread holding its own, so no loop ever waits on a query.
 
-A fetch whose awaiting task is cancelled (a node timeout) interrupts the query it started,
-so a runaway query gives its thread back instead of holding it until it ends.
+A call whose awaiting task is cancelled (a node timeout) may interrupt the query it started
+(`interrupt_on_cancel`), so a runaway query gives its thread back instead of holding it until
+it ends; a store whose writes must finish once begun leaves it running.
 """
 
 from __future__ import annotations
@@ -10,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, Protocol, TypeVar
-
-from kairos.sources.errors import SourceError
 
 
 class Interruptible(Protocol):
@@ -49,18 +48,27 @@ class _Call:
 
 class ConnectionThreads(Generic[C]):
     """`size` threads, each opening its own connection with `connect` on first use.
+    `closed()` is the error a call after `close()` raises.
 
-    >>> threads = ConnectionThreads(lambda: sqlite3.connect(path), size=4, source="bank")
+    >>> threads = ConnectionThreads(lambda: sqlite3.connect(path), size=4,
+    ...                             thread_name="kairos-source-bank", closed=closed_error)
     >>> rows = await threads.run(lambda con: con.execute("select 1").fetchall())
     >>> await threads.close()
     """
 
-    def __init__(self, connect: Callable[[], C], *, size: int, source: str) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], C],
+        *,
+        size: int,
+        thread_name: str,
+        closed: Callable[[], Exception],
+        interrupt_on_cancel: bool = True,
+    ) -> None:
         self._connect = connect
-        self._source = source
-        self._executor = ThreadPoolExecutor(
-            max_workers=size, thread_name_prefix=source_thread(source)
-        )
+        self._closed_error = closed
+        self._interrupt_on_cancel = interrupt_on_cancel
+        self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix=thread_name)
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[C] = []
@@ -72,21 +80,26 @@ class ConnectionThreads(Generic[C]):
         call = _Call()
         with self._lock:
             if self._closed:
-                raise SourceError(f"source {self._source!r} is closed; open a new one")
+                raise self._closed_error()
             self._calls.add(call)
         try:
             loop = asyncio.get_running_loop()
             try:
                 future = loop.run_in_executor(self._executor, self._in_thread, call, work)
             except RuntimeError:  # closed between the check above and here
-                raise SourceError(f"source {self._source!r} is closed; open a new one") from None
+                raise self._closed_error() from None
             return await future
         except asyncio.CancelledError:
-            call.interrupt()
+            if self._interrupt_on_cancel:
+                call.interrupt()
             raise
         finally:
             with self._lock:
                 self._calls.discard(call)
+
+    def submit(self, work: Callable[[C], object]) -> Future[object]:
+        """Queue `work(connection)` on the threads without waiting for it (nor its errors)."""
+        return self._executor.submit(lambda: work(self._connection()))
 
     def _in_thread(self, call: _Call, work: Callable[[C], T]) -> T:
         connection = self._connection()
@@ -110,25 +123,22 @@ class ConnectionThreads(Generic[C]):
         return connection
 
     async def close(self) -> None:
-        """Interrupt running queries, stop the threads, close every connection. Idempotent."""
+        """Stop the threads, close every connection. Idempotent. With `interrupt_on_cancel`,
+        running queries are interrupted and queued ones dropped; otherwise all of them end."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             calls = list(self._calls)
-        for call in calls:
-            call.interrupt()
+        if self._interrupt_on_cancel:
+            for call in calls:
+                call.interrupt()
         await asyncio.get_running_loop().run_in_executor(None, self._shut_down)
 
     def _shut_down(self) -> None:
         # Connections are closed only after their threads have finished with them.
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._executor.shutdown(wait=True, cancel_futures=self._interrupt_on_cancel)
         with self._lock:
             connections, self._connections = self._connections, []
         for connection in connections:
             connection.close()
-
-
-def source_thread(source: str) -> str:
-    """The name prefix of a source's threads (visible in thread dumps and tests)."""
-    return f"kairos-source-{source}"
