@@ -5,8 +5,8 @@ values in `writer.py`. `offline_store_from_url` picks the store a URL names."""
 
 from __future__ import annotations
 
+from kairos.backends.url import take_options
 from kairos.errors import KairosError
-from kairos.sources.url import take_options
 from kairos.stores.offline.base import (
     TIMESTAMP,
     CheckedBatch,

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from kairos.backends.url import redact, scrub
 from kairos.definitions.types import ValueType
 from kairos.errors import InvalidInput, InvalidValue, KairosError
-from kairos.sources.url import redact, scrub
 from kairos.stores.offline.base import (
     _KEY_TYPES,
     _VALUE_TYPES,
