@@ -12,6 +12,12 @@ from kairos.definitions.graph import Graph
 from kairos.planner import Planner
 from kairos.planner.bind import bind_query
 from kairos.planner.order import order
+from kairos.planner.plan import (
+    DefaultNode,
+    ExpressionNode,
+    RelationNode,
+    ResolverNode,
+)
 from kairos.planner.resolve import resolve
 from kairos.resolvers import ResolverSet
 from tests.planner.defs import ALL, Account, Event, Owner, account_row, owner_name
@@ -96,7 +102,23 @@ def test_supplied_input_replaces_its_producer() -> None:
 def test_default_is_used_when_nothing_computes_a_feature() -> None:
     plan = planner_for().plan(["account.id"], ["account.tier"])
     node = plan.node("account.tier")
-    assert node is not None and node.kind == "default" and node.default == "basic"
+    assert isinstance(node, DefaultNode) and node.kind == "default" and node.default == "basic"
+
+
+def test_each_kind_of_step_is_a_node_class_carrying_only_its_own_fields() -> None:
+    outputs = ["account.doubled", "account.owner.name", "account.tier"]
+    plan = planner_for().plan(["account.id"], outputs)
+    nodes = {n.label: n for n in plan.nodes}
+    row, doubled = nodes["account_row"], nodes["account.doubled"]
+    relation, tier = nodes["account.owner.id"], nodes["account.tier"]
+    assert isinstance(row, ResolverNode) and row.resolver.name == "account_row"
+    assert row.kind == "python"  # a resolver node is named after its resolver's kind
+    assert isinstance(doubled, ExpressionNode) and doubled.expression.source == "(_.balance * 2)"
+    assert isinstance(relation, RelationNode) and relation.kind == "relation"
+    assert isinstance(tier, DefaultNode) and tier.default == "basic"
+    for field in ("resolver", "expression", "default"):
+        assert not hasattr(relation, field)
+    assert not hasattr(row, "expression") and not hasattr(doubled, "resolver")
 
 
 def test_unknown_feature_suggests_the_near_match() -> None:

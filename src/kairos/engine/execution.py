@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -30,7 +30,16 @@ from kairos.engine.rows import normalize_rows, select_rows
 from kairos.engine.values import check
 from kairos.engine.windows import WindowIndex
 from kairos.errors import InvalidValue
-from kairos.planner.plan import Plan, PlanNode
+from kairos.planner.plan import (
+    DefaultNode,
+    EventsNode,
+    ExpressionNode,
+    Plan,
+    PlanNode,
+    RelationNode,
+    ResolverNode,
+    WindowNode,
+)
 from kairos.resolvers.registry import BoundInput
 from kairos.stores.online import OnlineStore, StoredValue, StoreKey
 
@@ -172,7 +181,7 @@ class _Run:
         return age <= self.max_staleness(column) and (ttl is None or age < ttl)
 
     def cacheable(self, node: PlanNode) -> list[str]:
-        if not self.use_cache or node.key is None or node.kind in ("relation", "default"):
+        if not self.use_cache or node.key is None or not node.CACHED:
             return []
         return [c for c in node.outputs if self.max_staleness(c) > ZERO]
 
@@ -304,7 +313,7 @@ class _Run:
     async def run_node(self, node: PlanNode, waits: Sequence[asyncio.Task[None]]) -> None:
         if waits:
             await asyncio.gather(*waits)
-        if node.kind == "relation":
+        if isinstance(node, RelationNode):  # a copy of the foreign key: nothing to run
             self.cols[node.outputs[0]] = self.cols[node.inputs[0]]
             return
         if self.keys(node) is not None and node.key not in self.plan.inputs:
@@ -312,23 +321,29 @@ class _Run:
         outputs = {name: ColumnData.empty(self.n) for name in node.outputs}
         rows = self.rows_to_compute(node, outputs)
         start = self.elapsed_ms()
-        status = "ok"
         if rows:
-            if node.kind == "default":
-                for row in rows:
-                    self.set(outputs, node.outputs[0], row, node.default, "default")
-            elif node.kind == "expression":
-                status = self.run_expression(node, rows, outputs)
-            elif node.kind in ("events", "window"):
-                self.run_indexed(node, rows, outputs)
-            else:
-                status = await self.run_resolver(node, rows, outputs)
+            status = await self.compute(node, rows, outputs)
             self.computed += len(rows)
             self.timed(node, node.kind, node.label, start, len(rows), status)
         for name, data in outputs.items():
             if name in self.plan.inputs or name in self.cols:
                 continue  # the caller's value (or the cache's, already counted) wins
             self.cols[name] = self.from_cache(name, data) if name in self.cached else data
+
+    async def compute(self, node: PlanNode, rows: list[int], outputs: dict[str, ColumnData]) -> str:
+        """Compute `rows` of a node with the runner of its kind; the status for the trace."""
+        match node:
+            case DefaultNode():
+                return self.run_default(node, rows, outputs)
+            case ExpressionNode():
+                return self.run_expression(node, rows, outputs)
+            case EventsNode():
+                return self.run_events(node, rows, outputs)
+            case WindowNode():
+                return self.run_window(node, rows, outputs)
+            case ResolverNode():
+                return await self.run_resolver(node, rows, outputs)
+        raise TypeError(f"no runner for {type(node).__name__}")  # pragma: no cover
 
     async def probe_node(self, node: PlanNode) -> None:
         """Cache read for an entity reached through a relation (its key is known only now)."""
@@ -352,7 +367,7 @@ class _Run:
                         "upstream_error",
                         f"depends on {failed.feature}, which failed: {failed.message}",
                         row,
-                        node.label if node.resolver is not None else None,
+                        node.label if isinstance(node, ResolverNode) else None,
                     )
                 continue
             if key_values is not None and key_values[row] is None:
@@ -417,34 +432,53 @@ class _Run:
     ) -> None:
         outputs[column].errors[row] = FeatureError(column, code, message, row, resolver)
 
-    def run_indexed(self, node: PlanNode, rows: list[int], outputs: dict[str, ColumnData]) -> None:
-        """Events written to kairos, or a windowed aggregate over them, from the index."""
-        column = node.outputs[0]
-        info = self.plan.columns[column].info
-        keys = self.cols[node.inputs[0]].values
-        index = self.engine.windows
+    def run_default(
+        self, node: DefaultNode, rows: list[int], outputs: dict[str, ColumnData]
+    ) -> str:
+        for row in rows:
+            self.set(outputs, node.outputs[0], row, node.default, "default")
+        return "ok"
+
+    def run_events(self, node: EventsNode, rows: list[int], outputs: dict[str, ColumnData]) -> str:
+        """Events written to kairos, from the index."""
+        info = self.plan.columns[node.outputs[0]].info
         child, fk = info.target or "", info.join_key or ""
+        index = self.engine.windows
+        return self.from_index(
+            node, rows, outputs, lambda key, now: index.rows(child, fk, key, now)
+        )
+
+    def run_window(self, node: WindowNode, rows: list[int], outputs: dict[str, ColumnData]) -> str:
+        """A windowed aggregate over events written to kairos, from the index."""
+        info = self.plan.columns[node.outputs[0]].info
         feature = (info.namespace, info.name)
+        index = self.engine.windows
+        return self.from_index(node, rows, outputs, lambda key, now: index.value(feature, key, now))
+
+    def from_index(
+        self,
+        node: EventsNode | WindowNode,
+        rows: list[int],
+        outputs: dict[str, ColumnData],
+        lookup: Callable[[Any, datetime], Any],
+    ) -> str:
+        column = node.outputs[0]
+        keys = self.cols[node.inputs[0]].values
         for row in rows:
             try:
-                if node.kind == "events":
-                    value = index.rows(child, fk, keys[row], self.nows[row])
-                else:
-                    value = index.value(feature, keys[row], self.nows[row])
+                value = lookup(keys[row], self.nows[row])
             except Exception as error:  # e.g. distinct values that cannot be hashed
                 self.fail(outputs, column, row, "expression_error",
                           f"{column}: {type(error).__name__}: {error}", None)  # fmt: skip
                 continue
             self.set(outputs, column, row, value, node.kind)
+        return "ok"  # a failed lookup is an error of its row's feature, not of the node
 
     def run_expression(
-        self, node: PlanNode, rows: list[int], outputs: dict[str, ColumnData]
+        self, node: ExpressionNode, rows: list[int], outputs: dict[str, ColumnData]
     ) -> str:
-        expression = node.expression
-        if expression is None:  # pragma: no cover - planner invariant
-            raise RuntimeError(f"expression node {node.label} has no expression")
         column = node.outputs[0]
-        fn = self.engine.compiled(expression, column)
+        fn = self.engine.compiled(node.expression, column)
         arg_cols = [self.cols[a].values for a in node.args if a is not None]
         status = "ok"
         for row in rows:
@@ -465,11 +499,8 @@ class _Run:
         return status
 
     async def run_resolver(
-        self, node: PlanNode, rows: list[int], outputs: dict[str, ColumnData]
+        self, node: ResolverNode, rows: list[int], outputs: dict[str, ColumnData]
     ) -> str:
-        bound = node.resolver
-        if bound is None:  # pragma: no cover - planner invariant
-            raise RuntimeError(f"resolver node {node.label} has no resolver")
         calls = []
         ready = []
         for row in rows:
@@ -483,7 +514,7 @@ class _Run:
                               f"{type(error).__name__}: {error}", node.label)  # fmt: skip
         rows = ready
         results: list[tuple[bool, Any] | None] = [None] * len(rows)
-        work = bound.runner.run(calls, results, self.engine.pool)
+        work = node.resolver.runner.run(calls, results, self.engine.pool)
         status = "ok"
         try:
             await asyncio.wait_for(work, node.timeout.total_seconds())
@@ -519,10 +550,9 @@ class _Run:
             self.store_result(node, row, value, outputs)
         return status
 
-    def arguments(self, node: PlanNode, row: int) -> list[Any]:
-        bound = node.resolver
+    def arguments(self, node: ResolverNode, row: int) -> list[Any]:
         args: list[Any] = []
-        for param, column in zip(bound.inputs, node.args, strict=True):  # type: ignore[union-attr]
+        for param, column in zip(node.resolver.inputs, node.args, strict=True):
             if column is None:
                 args.append(self.nows[row])
                 continue
@@ -536,12 +566,10 @@ class _Run:
         return args
 
     def store_result(
-        self, node: PlanNode, row: int, value: Any, outputs: dict[str, ColumnData]
+        self, node: ResolverNode, row: int, value: Any, outputs: dict[str, ColumnData]
     ) -> None:
         bound = node.resolver
         label = node.label
-        if bound is None:  # pragma: no cover - planner invariant
-            return
         if bound.shape == "rows":
             column = node.outputs[0]
             info = self.plan.columns[column].info

@@ -6,7 +6,17 @@ import hashlib
 from datetime import timedelta
 from types import MappingProxyType
 
-from kairos.planner.plan import Plan, PlanNode
+from kairos.errors import PlanError
+from kairos.planner.plan import (
+    DefaultNode,
+    EventsNode,
+    ExpressionNode,
+    Plan,
+    PlanNode,
+    RelationNode,
+    ResolverNode,
+    WindowNode,
+)
 from kairos.planner.resolve import Producer, Resolution
 
 
@@ -62,9 +72,7 @@ def order(resolution: Resolution, default_timeout: timedelta) -> Plan:
     for index, key in enumerate(sorted_keys):
         members = groups[key]
         first = members[0]
-        kind = first.kind
-        if first.kind == "resolver" and first.resolver is not None:
-            kind = first.resolver.kind
+        if first.resolver is not None:
             resolver = first.resolver
             prefix = first.column.name[: -len(first.column.info.name)]
             node_outputs = tuple(prefix + name for name in resolver.outputs)
@@ -82,24 +90,20 @@ def order(resolution: Resolution, default_timeout: timedelta) -> Plan:
                 if a is not None and a in group_of and group_of[a] != key
             }
         )
-        nodes.append(
-            PlanNode(
-                id=index,
-                kind=kind,
-                label=label,
-                path=first.column.path,
-                namespace=first.column.namespace,
-                args=first.args,
-                outputs=node_outputs,
-                needed=tuple(o for o in node_outputs if o in consumed),
-                key=key_col,
-                after=tuple(after),
-                timeout=timeout,
-                resolver=first.resolver,
-                expression=first.expression,
-                default=first.column.info.default if first.kind == "default" else None,
-            )
+        needed = tuple(o for o in node_outputs if o in consumed)
+        step: _Step = (
+            index,
+            label,
+            first.column.path,
+            first.column.namespace,
+            first.args,
+            node_outputs,
+            needed,
+            key_col,
+            tuple(after),
+            timeout,
         )
+        nodes.append(_node(first, step))
         for output in node_outputs:
             producer_index[output] = index
     columns = dict(resolution.columns)
@@ -115,11 +119,45 @@ def order(resolution: Resolution, default_timeout: timedelta) -> Plan:
     )
 
 
+# The fields every node shares, in PlanNode's order.
+_Step = tuple[
+    int,
+    str,
+    tuple[str, ...],
+    str,
+    tuple[str | None, ...],
+    tuple[str, ...],
+    tuple[str, ...],
+    str | None,
+    tuple[int, ...],
+    timedelta,
+]
+
+
+def _node(producer: Producer, step: _Step) -> PlanNode:
+    """The typed node for a producer's step."""
+    if producer.kind == "resolver" and producer.resolver is not None:
+        return ResolverNode(*step, resolver=producer.resolver)
+    if producer.kind == "relation":
+        return RelationNode(*step)
+    if producer.kind == "events":
+        return EventsNode(*step)
+    if producer.kind == "default":
+        return DefaultNode(*step, default=producer.column.info.default)
+    if producer.kind == "window" and producer.expression is not None:
+        return WindowNode(*step, expression=producer.expression)
+    if producer.kind == "expression" and producer.expression is not None:
+        return ExpressionNode(*step, expression=producer.expression)
+    raise PlanError(  # pragma: no cover - resolve() makes no other producer
+        f"no plan node for {producer.column.name!r} ({producer.kind!r})"
+    )
+
+
 def _version(node: PlanNode) -> str | None:
     """A short hash of the code behind a node, so a logged value names what made it."""
-    if node.resolver is not None:
+    if isinstance(node, ResolverNode):
         return node.resolver.version
-    if node.expression is not None:
+    if isinstance(node, ExpressionNode | WindowNode):
         return hashlib.sha256(node.expression.source.encode()).hexdigest()[:12]
     return None
 

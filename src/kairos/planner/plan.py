@@ -1,13 +1,18 @@
-"""The plan: an immutable DAG of nodes that together produce a query's outputs."""
+"""The plan: an immutable DAG of typed nodes that together produce a query's outputs.
+
+Each kind of step is its own node class carrying only its own fields (a resolver call, an
+expression, a default...); the engine dispatches on the class. `Plan.explain()` prints it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from kairos.definitions.binding import BoundExpression
+from kairos.definitions.durations import format_duration
 from kairos.definitions.graph import FeatureInfo
 from kairos.resolvers.registry import BoundResolver
 
@@ -39,11 +44,14 @@ def column_name(root: str, path: tuple[str, ...], feature: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class PlanNode:
-    """One step. `args` line up with what the step reads (resolver parameters or expression
-    dependencies); None stands for `Now`."""
+    """One step; a subclass per kind of step. `args` line up with what the step reads
+    (resolver parameters or expression dependencies); None stands for `Now`."""
+
+    KIND: ClassVar[str]
+    # Whether the step's outputs go through the online store (copies and constants do not).
+    CACHED: ClassVar[bool] = True
 
     id: int
-    kind: str  # relation | expression | default | events | window | python | sql
     label: str
     path: tuple[str, ...]
     namespace: str
@@ -53,13 +61,67 @@ class PlanNode:
     key: str | None  # primary-key column of the entity this node computes for
     after: tuple[int, ...]  # nodes that must finish first
     timeout: timedelta
-    resolver: BoundResolver | None = None
-    expression: BoundExpression | None = None
-    default: Any = None
+
+    @property
+    def kind(self) -> str:
+        """What explain(), traces and the server call the step: `relation`, `python`..."""
+        return self.KIND
 
     @property
     def inputs(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(a for a in self.args if a is not None))
+
+
+@dataclass(frozen=True, slots=True)
+class RelationNode(PlanNode):
+    """The primary key of an entity reached through a relation, copied from the foreign key."""
+
+    KIND = "relation"
+    CACHED = False
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultNode(PlanNode):
+    """A feature's declared default, where nothing else computes it."""
+
+    KIND = "default"
+    CACHED = False
+    default: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ExpressionNode(PlanNode):
+    """A feature defined by an `_` expression over other columns of its entity."""
+
+    KIND = "expression"
+    expression: BoundExpression
+
+
+@dataclass(frozen=True, slots=True)
+class EventsNode(PlanNode):
+    """A has-many of events written to kairos, read from the event index."""
+
+    KIND = "events"
+
+
+@dataclass(frozen=True, slots=True)
+class WindowNode(PlanNode):
+    """A windowed aggregate over events written to kairos, answered from the event index."""
+
+    KIND = "window"
+    expression: BoundExpression
+
+
+@dataclass(frozen=True, slots=True)
+class ResolverNode(PlanNode):
+    """One call of a resolver (python, sql, model...) for the entity at `path`."""
+
+    KIND = "resolver"
+    resolver: BoundResolver
+
+    @property
+    def kind(self) -> str:
+        return self.resolver.kind
 
 
 @dataclass(frozen=True)
@@ -77,6 +139,38 @@ class Plan:
         return None if index is None else self.nodes[index]
 
     def explain(self) -> str:
-        from kairos.planner.explain import explain
+        """One line per node, in the order they may start; `after` names what each waits for.
 
-        return explain(self)
+        >>> print(client.explain(input={User.id: "u1"}, output=[User.risk]))  # doctest: +SKIP
+        """
+        lines = [
+            f"query {self.root}",
+            f"  inputs:  {', '.join(self.inputs) or '(none)'}",
+            f"  outputs: {', '.join(self.outputs)}",
+        ]
+        for node in self.nodes:
+            lines.append(self._node_line(node))
+        return "\n".join(lines)
+
+    def _node_line(self, node: PlanNode) -> str:
+        reads = ", ".join("now" if a is None else a for a in node.args) or "-"
+        writes = ", ".join(node.needed or node.outputs)
+        head = f"  [{node.id}] {node.kind:<10} {node.label}"
+        parts = [head, f"      {reads} -> {writes}"]
+        extras = []
+        if node.after:
+            extras.append("after " + ",".join(f"[{i}]" for i in node.after))
+        cached = [
+            f"{name} {format_duration(self.columns[name].info.max_staleness)}"
+            for name in (node.needed or node.outputs)
+            if node.CACHED and self.columns[name].info.max_staleness.total_seconds() > 0
+        ]
+        if cached:
+            extras.append("cache " + ", ".join(cached))
+        if isinstance(node, ResolverNode):
+            extras.append(f"timeout {format_duration(node.timeout)}")
+        if isinstance(node, ExpressionNode | WindowNode):
+            extras.append(f"= {node.expression.source}")
+        if extras:
+            parts.append("      " + "; ".join(extras))
+        return "\n".join(parts)
