@@ -9,8 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from kairos.gateway import Gateway, GatewayConfig
-from kairos.gateway import app as gateway_app
+from kairos.gateway import Gateway, GatewayConfig, app, edge
 from kairos.gateway.accounting import Accountant
 from kairos.gateway.app import create_gateway_app
 from kairos.gateway.keys import Budget, KeyRecord
@@ -45,9 +44,9 @@ def test_the_defaults_the_readme_names(tmp_path: Path) -> None:
     finally:
         asyncio.run(gateway.close())
     # the HTTP edge and the upstream client
-    assert server.MAX_HEAD == 64 * 1024 and gateway_app.MAX_BODY == 8 * 1024 * 1024
+    assert server.MAX_HEAD == 64 * 1024 and edge.MAX_BODY == 8 * 1024 * 1024
     assert client.IDLE_EXPIRY == 4 and client.MAX_AGE == 300
-    assert gateway_app.SETTLE_AFTER == 0.002
+    assert app.SETTLE_AFTER == 0.002
 
 
 def test_prices_in_the_configuration_go_over_the_shipped_table(tmp_path: Path) -> None:
