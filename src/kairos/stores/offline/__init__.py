@@ -5,7 +5,8 @@ values in `writer.py`. `offline_store_from_url` picks the store a URL names."""
 
 from __future__ import annotations
 
-from kairos.backends.url import take_options
+from kairos.backends import URL, connect
+from kairos.backends.url import redact, take_options
 from kairos.errors import KairosError
 from kairos.stores.offline.base import (
     TIMESTAMP,
@@ -25,7 +26,6 @@ from kairos.stores.offline.base import (
 from kairos.stores.offline.duckdb import DuckDBOfflineStore
 from kairos.stores.offline.postgres import PostgresOfflineStore, postgres_table_name
 from kairos.stores.offline.writer import Observation, OfflineWriter
-from kairos.stores.online import redact_url
 
 __all__ = [
     "TIMESTAMP",
@@ -61,29 +61,33 @@ def offline_store_from_url(url: str) -> OfflineStore:
     DuckDBOfflineStore(':memory:')
     >>> store.close()
     """
-    scheme = url.partition(":")[0].lower() if ":" in url else ""
-    if scheme == "duckdb":
-        prefix = "duckdb:///"
-        path = url[len(prefix) :] if url[: len(prefix)].lower() == prefix else ""
+
+    def duckdb(parsed: URL) -> OfflineStore:
+        path = parsed.file_path()
         if not path:
             raise KairosError(
-                f"offline store URL {redact_url(url)!r} names no file; use "
+                f"offline store URL {redact(url)!r} names no file; use "
                 "duckdb:///relative/path.duckdb, duckdb:////absolute/path.duckdb or "
                 "duckdb:///:memory:"
             )
         return DuckDBOfflineStore(path)
-    if scheme in ("postgresql", "postgres"):
+
+    def postgres(parsed: URL) -> OfflineStore:
         conninfo, options = take_options(url, {"schema"})
         schema = options.get("schema")
         if schema is not None and not schema:
             raise KairosError(
-                f"offline store URL {redact_url(url)!r} has an empty ?schema=; name a schema "
+                f"offline store URL {redact(url)!r} has an empty ?schema=; name a schema "
                 "or leave the option out"
             )
         return PostgresOfflineStore(conninfo, schema)
-    named = f"scheme {scheme!r}" if scheme else "no scheme"
-    raise KairosError(
-        f"offline store URL {redact_url(url)!r} has {named}; supported: "
-        "'duckdb:///path/to/offline.duckdb', 'duckdb:///:memory:', "
-        "'postgresql://user@host:5432/db?schema=name'"
-    )
+
+    def unknown(parsed: URL) -> KairosError:
+        named = f"scheme {parsed.scheme!r}" if parsed.scheme else "no scheme"
+        return KairosError(
+            f"offline store URL {redact(url)!r} has {named}; supported: "
+            "'duckdb:///path/to/offline.duckdb', 'duckdb:///:memory:', "
+            "'postgresql://user@host:5432/db?schema=name'"
+        )
+
+    return connect(url, {"duckdb": duckdb, "postgresql": postgres}, unknown=unknown)

@@ -15,7 +15,6 @@ ttl is checked on that latest event only, since every older one is older still.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from kairos.backends import postgres
 from kairos.backends.url import redact, scrub
 from kairos.definitions.types import ValueType
 from kairos.errors import InvalidInput, InvalidValue, KairosError
@@ -86,8 +86,6 @@ left join lateral (
 order by spine.row_id
 """
 
-_KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
-
 
 def postgres_table_name(namespace: str, feature: str) -> str:
     """`table_name`, shortened (keeping its hash) to fit PostgreSQL's 63-character names.
@@ -120,7 +118,7 @@ class PostgresOfflineStore(OneFeatureWrites):
         if schema is not None and not schema:
             raise InvalidInput("offline store schema is empty; name one, or pass None")
         self._conninfo = conninfo
-        self.name = redact(conninfo) if "://" in conninfo else _KV_PASSWORD.sub(r"\1***", conninfo)
+        self.name = redact(conninfo)
         self.schema = schema
         self._lock = threading.Lock()
         self._connection: psycopg.Connection[tuple[Any, ...]] | None = None
@@ -351,15 +349,7 @@ class PostgresOfflineStore(OneFeatureWrites):
     # --- internals ------------------------------------------------------------------------
 
     def _scrub(self, error: BaseException) -> str:
-        text = str(error).strip()
-        if "://" in self._conninfo:
-            return scrub(text, self._conninfo)
-        for match in _KV_PASSWORD.finditer(self._conninfo):
-            secret = match.group(2)
-            for form in {secret, secret.strip("'")}:
-                if form:
-                    text = text.replace(form, "***")
-        return text
+        return scrub(str(error).strip(), self._conninfo)
 
     def _qualified(self, name: str) -> sql.Identifier:
         from psycopg import sql
@@ -379,7 +369,9 @@ class PostgresOfflineStore(OneFeatureWrites):
             self._connection.close()
             self._connection = None
         try:
-            connection = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
+            connection = postgres.connect(
+                self._conninfo, autocommit=True, connect_timeout=postgres.CONNECT_TIMEOUT
+            )
         except psycopg.Error as error:
             raise KairosError(
                 f"cannot open offline store {self!r}: {self._scrub(error)} (is the server "

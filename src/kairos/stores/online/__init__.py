@@ -9,8 +9,10 @@ protocol and the stored types are in `base.py`.
 
 from __future__ import annotations
 
+from kairos.backends import URL, connect
+from kairos.backends.url import redact as redact_url
 from kairos.errors import KairosError
-from kairos.stores.online.base import OnlineStore, StoredValue, StoreKey, redact_url
+from kairos.stores.online.base import OnlineStore, StoredValue, StoreKey
 from kairos.stores.online.memory import MemoryOnlineStore
 from kairos.stores.online.redis import OnlineStoreUnavailable, RedisOnlineStore
 from kairos.stores.online.sqlite import SQLiteOnlineStore
@@ -38,21 +40,29 @@ def online_store_from_url(url: str) -> OnlineStore:
     >>> online_store_from_url("memory://")  # doctest: +ELLIPSIS
     <kairos.stores.online.memory.MemoryOnlineStore object at ...>
     """
-    scheme = url.partition(":")[0].lower() if ":" in url else ""
-    if scheme == "memory":
-        return MemoryOnlineStore()
-    if scheme == "sqlite":
-        path = url[len("sqlite:///") :] if url[: len("sqlite:///")].lower() == "sqlite:///" else ""
+
+    def sqlite(parsed: URL) -> OnlineStore:
+        path = parsed.file_path()
         if not path:
             raise KairosError(
                 f"online store URL {redact_url(url)!r} names no file; use "
                 "sqlite:///relative/path.db or sqlite:////absolute/path.db"
             )
         return SQLiteOnlineStore(path)
-    if scheme in ("redis", "rediss"):
-        return RedisOnlineStore(url)
-    named = f"scheme {scheme!r}" if scheme else "no scheme"
-    raise KairosError(
-        f"online store URL {redact_url(url)!r} has {named}; supported: 'memory://', "
-        "'sqlite:///path/to/online.db', 'redis://host:port/db' (or 'rediss://')"
+
+    def unknown(parsed: URL) -> KairosError:
+        named = f"scheme {parsed.scheme!r}" if parsed.scheme else "no scheme"
+        return KairosError(
+            f"online store URL {redact_url(url)!r} has {named}; supported: 'memory://', "
+            "'sqlite:///path/to/online.db', 'redis://host:port/db' (or 'rediss://')"
+        )
+
+    return connect(
+        url,
+        {
+            "memory": lambda parsed: MemoryOnlineStore(),
+            "sqlite": sqlite,
+            "redis": lambda parsed: RedisOnlineStore(url),
+        },
+        unknown=unknown,
     )

@@ -20,11 +20,12 @@ import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from kairos.backends.url import redact as redact_url
+from kairos.backends.url import take_options
 from kairos.errors import BackendUnavailable, KairosError
 from kairos.stores.codec import CorruptValue, decode, encode, encode_key, from_micros, to_micros
-from kairos.stores.online.base import StoredValue, StoreKey, redact_url
+from kairos.stores.online.base import StoredValue, StoreKey
 
 __all__ = ["OnlineStoreUnavailable", "RedisOnlineStore"]
 
@@ -83,16 +84,10 @@ class RedisOnlineStore:
     """
 
     def __init__(self, url: str, *, prefix: str | None = None) -> None:
-        parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        prefixes = [value for name, value in query if name == "prefix"]
-        self.prefix = (
-            prefix if prefix is not None else (prefixes[-1] if prefixes else DEFAULT_PREFIX)
-        )
+        self._url, options = take_options(url, {"prefix"})
+        self.prefix = prefix if prefix is not None else options.get("prefix", DEFAULT_PREFIX)
         if not self.prefix:
             raise KairosError(f"online store URL {redact_url(url)!r}: the key prefix is empty")
-        rest = urlencode([(name, value) for name, value in query if name != "prefix"])
-        self._url = urlunsplit(parts._replace(query=rest))
         # redis-py is imported by the first store, not by `import kairos`
         from redis.asyncio.connection import parse_url
         from redis.exceptions import ConnectionError as RedisConnectionError

@@ -18,17 +18,13 @@ Records and their encoding live in `kairos.stores.query_log.records`.
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Any, Final
 
+from kairos.backends import URL, connect
+from kairos.backends.url import option_names, take_options
+from kairos.backends.url import redact as redact_url
 from kairos.errors import KairosError
-from kairos.stores.query_log.base import (
-    DEFAULT_TABLE,
-    NullQueryLog,
-    QueryLog,
-    redact_text,
-    redact_url,
-)
+from kairos.stores.query_log.base import DEFAULT_TABLE, NullQueryLog, QueryLog
 from kairos.stores.query_log.batched import BatchedQueryLog
 from kairos.stores.query_log.records import LoggedQuery, LoggedValue, QueryLogError
 
@@ -41,7 +37,6 @@ __all__ = [
     "QueryLog",
     "QueryLogError",
     "query_log_from_url",
-    "redact_text",
     "redact_url",
 ]
 
@@ -60,46 +55,43 @@ def query_log_from_url(url: str, **settings: Any) -> QueryLog:
     >>> query_log_from_url("none://")                               # keeps nothing
     """
     shown = redact_url(url)
-    scheme, sep, rest = url.partition("://")
-    if not sep:
+    if "://" not in url:
         raise KairosError(f"query log URL {shown!r} has no scheme; use {_EXAMPLES}")
-    if scheme == "none":
-        return NullQueryLog()
-    if scheme == "sqlite":
-        path, _, query = rest.partition("?")
-        table = _url_options(shown, query, {"table"}).get("table", DEFAULT_TABLE)
+
+    def sqlite(parsed: URL) -> QueryLog:
+        rest, options = take_options(url, {"table"})
+        unknown = sorted(option_names(rest))
+        if unknown:
+            raise KairosError(
+                f"query log URL {shown!r} has unknown option {unknown[0]!r}; supported: table"
+            )
+        path = rest.partition("://")[2].partition("?")[0]
         if not path.startswith("/") or path in ("/", "/:memory:"):
             raise KairosError(
                 f"query log URL {shown!r} needs a file path, which readers in other processes "
                 "can open too: 'sqlite:///relative/log.db' or 'sqlite:////absolute/log.db'"
             )
-        return BatchedQueryLog.sqlite(path[1:], table=table, **settings)
-    if scheme in ("postgresql", "postgres"):
-        parts = urllib.parse.urlsplit(url)
-        params = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-        ours = {key: value for key, value in params if key in ("table", "schema")}
-        conninfo = urllib.parse.urlunsplit(
-            parts._replace(
-                query=urllib.parse.urlencode([(k, v) for k, v in params if k not in ours])
-            )
+        return BatchedQueryLog.sqlite(
+            path[1:], table=options.get("table", DEFAULT_TABLE), **settings
         )
+
+    def postgres(parsed: URL) -> QueryLog:
+        conninfo, options = take_options(url, {"table", "schema"})
         return BatchedQueryLog.postgres(
             conninfo,
-            table=ours.get("table", DEFAULT_TABLE),
-            schema=ours.get("schema"),
+            table=options.get("table", DEFAULT_TABLE),
+            schema=options.get("schema"),
             **settings,
         )
-    raise KairosError(
-        f"query log URL scheme {scheme!r} (in {shown!r}) is not supported; use {_EXAMPLES}"
-    )
 
-
-def _url_options(shown: str, query: str, allowed: set[str]) -> dict[str, str]:
-    options = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise KairosError(
-            f"query log URL {shown!r} has unknown option {unknown[0]!r}; "
-            f"supported: {', '.join(sorted(allowed))}"
+    def unknown(parsed: URL) -> KairosError:
+        return KairosError(
+            f"query log URL scheme {url.partition('://')[0]!r} (in {shown!r}) is not "
+            f"supported; use {_EXAMPLES}"
         )
-    return options
+
+    return connect(
+        url,
+        {"none": lambda parsed: NullQueryLog(), "sqlite": sqlite, "postgresql": postgres},
+        unknown=unknown,
+    )

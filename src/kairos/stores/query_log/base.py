@@ -1,11 +1,10 @@
 """What every query log is (`QueryLog`), what a storage backend under `BatchedQueryLog`
-does (`_Backend`), the log that keeps nothing, and the name checks and password redaction
-the backends share."""
+does (`_Backend`), the log that keeps nothing, and the name checks the backends share
+(their URLs are read and redacted by kairos.backends.url)."""
 
 from __future__ import annotations
 
 import re
-import urllib.parse
 from collections.abc import Sequence
 from typing import Final, Protocol
 
@@ -119,43 +118,3 @@ class NullQueryLog:
 
     async def arecent(self, limit: int = 20) -> list[LoggedQuery]:
         return []
-
-
-_PASSWORD_SETTING = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
-
-
-def redact_url(url: str) -> str:
-    """`url` (or a `key=value` conninfo) with any password replaced by '***', safe to show.
-
-    >>> redact_url("postgresql://kairos:s3cret@db:5432/prod")
-    'postgresql://kairos:***@db:5432/prod'
-    """
-    shown = _PASSWORD_SETTING.sub(r"\1***", url)  # ?password=... and conninfo strings
-    try:
-        parts = urllib.parse.urlsplit(shown)
-        if parts.password is None:
-            return shown
-        host = parts.netloc.rpartition("@")[2]
-        return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
-    except ValueError:  # unparsable: show only the scheme
-        return url.partition("://")[0] + "://***"
-
-
-def _password_of(conninfo: str) -> str | None:
-    match = _PASSWORD_SETTING.search(conninfo)
-    if match and match.group(2):
-        return match.group(2).strip("'")
-    try:
-        password = urllib.parse.urlsplit(conninfo).password
-    except ValueError:
-        return None
-    return urllib.parse.unquote(password) if password else None
-
-
-def redact_text(text: str, password: str | None) -> str:
-    """`text` with `password` (raw or URL-quoted) masked."""
-    if not password:
-        return text
-    for secret in {password, urllib.parse.quote(password, safe="")}:
-        text = text.replace(secret, "***")
-    return text

@@ -9,14 +9,9 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kairos.stores.query_log.base import (
-    _COLUMNS,
-    DEFAULT_TABLE,
-    _check_name,
-    _password_of,
-    redact_text,
-    redact_url,
-)
+from kairos.backends import postgres
+from kairos.backends.url import redact, scrub
+from kairos.stores.query_log.base import _COLUMNS, DEFAULT_TABLE, _check_name
 from kairos.stores.query_log.records import QueryLogError, _Row
 
 if TYPE_CHECKING:
@@ -33,8 +28,7 @@ class _PostgresBackend:
         from psycopg import sql
 
         self._conninfo = conninfo
-        self.name = redact_url(conninfo)
-        self._password = _password_of(conninfo)
+        self.name = redact(conninfo)
         _check_name("table", table)
         if schema is not None:
             _check_name("schema", schema)
@@ -78,19 +72,17 @@ class _PostgresBackend:
             ) from None
 
     def scrub(self, text: str) -> str:
-        return redact_text(text, self._password)
+        return scrub(text, self._conninfo)
 
     def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
-        import psycopg
-
-        conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
+        conn = postgres.connect(
+            self._conninfo, autocommit=True, connect_timeout=postgres.CONNECT_TIMEOUT
+        )
         conn.execute("SET TIME ZONE 'UTC'")
         conn.execute("SET synchronous_commit TO on")  # flush() promises durable commits
         return conn
 
     def write_batch(self, rows: Sequence[_Row]) -> None:
-        import psycopg
-
         params = [
             (
                 row.query_id,
@@ -109,8 +101,9 @@ class _PostgresBackend:
             conn = self._writer
             with conn.transaction(), conn.cursor() as cursor:
                 cursor.executemany(self._insert, params)
-        except psycopg.Error:
-            self.close_writer()  # reconnect on the next batch
+        except Exception as error:
+            if postgres.is_error(error):
+                self.close_writer()  # reconnect on the next batch
             raise
 
     def close_writer(self) -> None:
@@ -119,7 +112,6 @@ class _PostgresBackend:
             self._writer = None
 
     def _read(self, where: str, params: tuple[Any, ...]) -> list[_Row]:
-        import psycopg
         from psycopg import sql
 
         with self._read_lock:
@@ -129,7 +121,9 @@ class _PostgresBackend:
                 fetched = self._reader.execute(
                     sql.Composed([self._select, sql.SQL(where)]), params
                 ).fetchall()
-            except psycopg.Error as exc:
+            except Exception as exc:
+                if not postgres.is_error(exc):
+                    raise
                 self._close_reader()
                 raise QueryLogError(
                     f"cannot read query log {self.name!r}: {self.scrub(str(exc).strip())}"
