@@ -3,7 +3,7 @@ answered with, and `param` names the request field at fault when there is one.""
 
 from __future__ import annotations
 
-from kairos.errors import KairosError, RequestError
+from kairos.errors import BackendUnavailable, KairosError, RequestError
 
 
 class GatewayError(RequestError):
@@ -126,7 +126,7 @@ class InternalError(GatewayError, RuntimeError):
     code = "internal_error"
 
 
-class AccountingUnavailable(GatewayError, RuntimeError):
+class AccountingUnavailable(GatewayError, BackendUnavailable):
     """The budget store cannot be reached: the gateway fails closed."""
 
     status = 503

@@ -144,7 +144,6 @@ class PostgresOfflineStore(OneFeatureWrites):
         """Several features of the same events, in one transaction: one table each (a
         PostgreSQL as-of read is an index lookup per row, which a wide table would not make
         cheaper)."""
-        import psycopg
         from psycopg import sql
 
         batch_in = checked_batch(namespace, key_type, keys, observed_at, values, inserted_at)
@@ -180,7 +179,9 @@ class PostgresOfflineStore(OneFeatureWrites):
                                 key_list, observed_list, value_column.to_pylist(), strict=True
                             ):
                                 rows.write_row((key, at, inserted_at, value))
-            except psycopg.Error as error:
+            except Exception as error:
+                if not postgres.is_error(error):
+                    raise
                 self._forget(namespace, batch_in.values)
                 raise KairosError(
                     f"{self!r}: cannot write {names!r}: {self._scrub(error)}"
@@ -218,7 +219,6 @@ class PostgresOfflineStore(OneFeatureWrites):
     ) -> pa.Array:
         """For each spine row i, the feature's latest value with observed_at <= times[i] (and
         > times[i] - ttl), else null; in spine order. Null keys and null times give null."""
-        import psycopg
         from psycopg import sql
 
         name = f"{namespace}.{feature}"
@@ -261,14 +261,15 @@ class PostgresOfflineStore(OneFeatureWrites):
                 with connection.cursor(binary=True) as cursor:
                     cursor.execute(query, parameters)
                     rows = cursor.fetchall()
-            except psycopg.Error as error:
+            except Exception as error:
+                if not postgres.is_error(error):
+                    raise
                 raise KairosError(f"{self!r}: cannot read {name!r}: {self._scrub(error)}") from None
         return pa.array([row[0] for row in rows], arrow_type)
 
     def latest_rows(self, namespace: str, features: Sequence[str]) -> pa.Table:
         """For each key, the row written last of `features[0]`, with the other features'
         values from the same write (null where it had none): see DuckDBOfflineStore."""
-        import psycopg
         from psycopg import sql
 
         if not features:
@@ -308,7 +309,9 @@ class PostgresOfflineStore(OneFeatureWrites):
                 with connection.cursor(binary=True) as cursor:
                     cursor.execute(query)
                     rows = cursor.fetchall()
-            except psycopg.Error as error:
+            except Exception as error:
+                if not postgres.is_error(error):
+                    raise
                 raise KairosError(
                     f"{self!r}: cannot read events of {namespace!r}: {self._scrub(error)}"
                 ) from None
@@ -327,13 +330,14 @@ class PostgresOfflineStore(OneFeatureWrites):
 
     def value_kind(self, namespace: str, feature: str) -> str | None:
         """The value kind a feature was written with (`int`, `list`...), None if never written."""
-        import psycopg
 
         with self._lock:
             connection = self._live()
             try:
                 found = self._table_of(connection, namespace, feature)
-            except psycopg.Error as error:
+            except Exception as error:
+                if not postgres.is_error(error):
+                    raise
                 raise KairosError(
                     f"{self!r}: cannot read '{namespace}.{feature}': {self._scrub(error)}"
                 ) from None
@@ -358,7 +362,6 @@ class PostgresOfflineStore(OneFeatureWrites):
 
     def _live(self) -> psycopg.Connection[tuple[Any, ...]]:
         """The open connection (opened, or reopened after a loss); call with the lock held."""
-        import psycopg
         from psycopg import sql
 
         if self._closed:
@@ -372,7 +375,9 @@ class PostgresOfflineStore(OneFeatureWrites):
             connection = postgres.connect(
                 self._conninfo, autocommit=True, connect_timeout=postgres.CONNECT_TIMEOUT
             )
-        except psycopg.Error as error:
+        except Exception as error:
+            if not postgres.is_error(error):
+                raise
             raise KairosError(
                 f"cannot open offline store {self!r}: {self._scrub(error)} (is the server "
                 "running, and the URL's host, port, user and database right?)"
@@ -394,7 +399,9 @@ class PostgresOfflineStore(OneFeatureWrites):
                 connection.execute(
                     sql.SQL(_CATALOG).format(catalog=self._qualified("kairos_offline_features"))
                 )
-        except psycopg.Error as error:
+        except Exception as error:
+            if not postgres.is_error(error):
+                raise
             connection.close()
             raise KairosError(f"cannot open offline store {self!r}: {self._scrub(error)}") from None
         self._connection = connection
