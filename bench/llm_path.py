@@ -37,9 +37,9 @@ from pathlib import Path
 import httpx
 import orjson
 
-from kairos.llm.deploy import DeploymentSpec
-from kairos.llm.llamacpp import EngineConfig, LlamaCppEngine
-from kairos.llm.supervisor import DeploymentGroup
+from kairos.serving.deploy import DeploymentSpec
+from kairos.serving.llamacpp import EngineConfig, LlamaCppEngine
+from kairos.serving.supervisor import DeploymentGroup
 
 WORDS = ("Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot", "Golf", "Hotel", "India")
 PROMPT = " wrote a short letter to a friend about the weather, the garden and the town. It said:"
@@ -83,7 +83,7 @@ async def chat_through_kairos(
     feature query: resolver -> prompt -> gateway (in process) -> the deployment group."""
     import kairos as kr
     from kairos.gateway import Gateway, GatewayConfig
-    from kairos.llm.group_provider import DeploymentProvider, gateway_entries
+    from kairos.serving.group_provider import DeploymentProvider, gateway_entries
 
     folder = Path(tempfile.mkdtemp(prefix="bench-llm-kairos-"))
     config = GatewayConfig.from_mapping(

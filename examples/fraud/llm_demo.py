@@ -17,9 +17,9 @@ from typing import Any
 import kairos as kr
 from kairos.client.llm import packaged_gemma
 from kairos.gateway import Gateway, GatewayConfig
-from kairos.llm.deploy import DeploymentSpec
-from kairos.llm.group_provider import DeploymentProvider, gateway_entries
-from kairos.llm.supervisor import DeploymentGroup
+from kairos.serving.deploy import DeploymentSpec
+from kairos.serving.group_provider import DeploymentProvider, gateway_entries
+from kairos.serving.supervisor import DeploymentGroup
 
 from .generate import ANCHOR
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from examples.fraud.generate import ANCHOR
-from kairos.server.app import MAX_BODY
+from kairos.server.bodies import MAX_BODY
 from tests.server.fraud import error_of, online_body
 
 pytestmark = pytest.mark.anyio

@@ -26,8 +26,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from kairos.errors import KairosError
-from kairos.llm.deploy import ENGINES, DeploymentSpec
+from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway.app import create_gateway_app
+from kairos.http.server import Server
+from kairos.serving.deploy import ENGINES, DeploymentSpec
+from kairos.serving.group_provider import DeploymentProvider, gateway_entries
+from kairos.serving.supervisor import DeploymentGroup
 
 
 def add_deploy_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -101,10 +108,6 @@ def run(args: argparse.Namespace) -> int:
 def _gateway_settings(args: argparse.Namespace, name: str) -> tuple[dict[str, Any], Path, int]:
     """The project's gateway section with the group added as model group `name` (checked
     before any replica starts), its folder and the port to serve it on."""
-    import yaml
-
-    from kairos.llm.group_provider import gateway_entries
-
     folder = Path(args.project)
     path = folder / "kairos.yaml"
     try:
@@ -137,11 +140,6 @@ async def _serve_gateway(
     settings: tuple[dict[str, Any], Path, int], group: Any, say: Callable[[str], None]
 ) -> Any:
     """Start the gateway app on this loop with `group` as one of its providers."""
-    from kairos.gateway import Gateway, GatewayConfig
-    from kairos.llm.group_provider import DeploymentProvider
-    from kairos.gateway.app import create_gateway_app
-    from kairos.http.server import Server
-
     merged, folder, port = settings
     config = GatewayConfig.from_mapping(merged, base_dir=folder, where=f"{folder} gateway")
     if not config.pepper:
@@ -163,8 +161,6 @@ async def _supervise(
     log_dir: str | None,
     gateway: tuple[dict[str, Any], Path, int] | None = None,
 ) -> int:
-    from kairos.llm.supervisor import DeploymentGroup
-
     def say(message: str) -> None:
         print(f"{datetime.now().strftime('%H:%M:%S')} {message}", flush=True)
 

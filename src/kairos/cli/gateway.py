@@ -14,12 +14,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from kairos.cli.serve import is_local
+from kairos.cli.tables import grid
 from kairos.errors import KairosError
+from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway.app import create_gateway_app
+from kairos.gateway.ledger import period_bound, summarize
+from kairos.http.server import serve
 
 T = TypeVar("T")
 
@@ -69,8 +76,6 @@ def add_gateway_commands(commands: Any) -> None:
 
 
 def _with_gateway(project: str, work: Callable[[Any], Awaitable[T]]) -> T:
-    from kairos.gateway import Gateway, GatewayConfig
-
     async def main() -> T:
         # keys and usage call no provider, so they need no provider credentials
         gateway = Gateway(GatewayConfig.load(project), providers={})
@@ -114,8 +119,6 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from kairos.cli.main import _grid
-
     records = _with_gateway(args.project, lambda g: g.list_keys())
     if args.json:
         print(json.dumps([r.public() for r in records], indent=2))
@@ -129,7 +132,7 @@ def _list(args: argparse.Namespace) -> int:
         for r in records
     ]  # fmt: skip
     if rows:
-        print(_grid(("id", "name", "models", "rpm", "tpm", "budgets", "expires"), rows))
+        print(grid(("id", "name", "models", "rpm", "tpm", "budgets", "expires"), rows))
     else:
         print("no keys yet; create one with: kairos gateway keys create --name NAME")
     return 0
@@ -152,8 +155,6 @@ def _revoke(args: argparse.Namespace) -> int:
 
 
 def _time(value: str | None, name: str) -> datetime | None:
-    from kairos.gateway.ledger import period_bound
-
     try:
         return period_bound(value)
     except ValueError:
@@ -161,9 +162,6 @@ def _time(value: str | None, name: str) -> datetime | None:
 
 
 def _usage(args: argparse.Namespace) -> int:
-    from kairos.cli.main import _grid
-    from kairos.gateway.ledger import summarize
-
     now = datetime.now(UTC)
     since = _time(args.since, "since") or now.replace(
         day=1, hour=0, minute=0, second=0, microsecond=0
@@ -180,7 +178,7 @@ def _usage(args: argparse.Namespace) -> int:
         for e in summary["by_key_and_model"]
     ]  # fmt: skip
     if table:
-        print(_grid(("key", "model", "requests", "tokens in", "tokens out", "cost"), table))
+        print(grid(("key", "model", "requests", "tokens in", "tokens out", "cost"), table))
     print(
         f"{summary['requests']} requests since {since.isoformat(timespec='seconds')}, "
         f"${summary['cost_micros'] / 1_000_000:.6f} in all"
@@ -189,13 +187,6 @@ def _usage(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import gc
-
-    from kairos.cli.serve import is_local
-    from kairos.gateway import Gateway, GatewayConfig
-    from kairos.gateway.app import create_gateway_app
-    from kairos.http.server import serve
-
     config = GatewayConfig.load(args.project)
     host, port = args.host or config.host, args.port or config.port
     if not config.pepper:

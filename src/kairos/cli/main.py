@@ -8,12 +8,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from kairos.cli.deploy import add_deploy_commands
+from kairos.cli.gateway import add_gateway_commands
+from kairos.cli.history import materialize, offline
 from kairos.cli.llm_path import breakdown, token_table
+from kairos.cli.models import add_models_commands
+from kairos.cli.scaffold import init
+from kairos.cli.serve import serve
+from kairos.cli.tables import cell, grid
 from kairos.client import Client
 from kairos.engine.result import QueryResult
 from kairos.errors import KairosError
@@ -33,15 +43,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kairos", description="Real-time features and models.")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    init = commands.add_parser("init", help="create a small working project")
-    init.add_argument("folder", nargs="?", default=".")
-    init.set_defaults(run=lambda a: _init(a.folder))
+    init_command = commands.add_parser("init", help="create a small working project")
+    init_command.add_argument("folder", nargs="?", default=".")
+    init_command.set_defaults(run=lambda a: init(a.folder))
 
-    serve = commands.add_parser("serve", help="run the HTTP server")
-    serve.add_argument("project", nargs="?", default=".")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.set_defaults(run=lambda a: _serve(a.project, a.host, a.port))
+    serve_command = commands.add_parser("serve", help="run the HTTP server")
+    serve_command.add_argument("project", nargs="?", default=".")
+    serve_command.add_argument("--host")
+    serve_command.add_argument("--port", type=int)
+    serve_command.set_defaults(run=lambda a: serve(a.project, a.host, a.port))
 
     off = commands.add_parser("offline", help="compute features for a spine file (Parquet/CSV)")
     off.add_argument("--project", default=".")
@@ -51,9 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     off.add_argument("--timestamp", default="ts")
     off.add_argument("--stored", action="store_true", help="read the offline store as of each row")
     off.set_defaults(
-        run=lambda a: _history("offline")(
-            a.project, a.spine, a.outputs, a.output, a.timestamp, a.stored
-        )
+        run=lambda a: offline(a.project, a.spine, a.outputs, a.output, a.timestamp, a.stored)
     )
 
     mat = commands.add_parser("materialize", help="backfill features over a time range")
@@ -67,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     mat.add_argument("--source", help="the source --keys-sql runs on")
     mat.add_argument("--online", action="store_true", help="also update the online store")
     mat.set_defaults(
-        run=lambda a: _history("materialize")(
+        run=lambda a: materialize(
             a.project, a.features, a.start, a.end, a.every, a.keys, a.keys_sql, a.source,
             a.online,
         )
@@ -102,14 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     explain.set_defaults(run=_explain)
 
-    from kairos.cli.gateway import add_gateway_commands
-
     add_gateway_commands(commands)
-    from kairos.cli.deploy import add_deploy_commands
-
     add_deploy_commands(commands)
-    from kairos.cli.models import add_models_commands
-
     add_models_commands(commands)
     return parser
 
@@ -125,24 +127,6 @@ def _inputs(pairs: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             values[name] = text
     return values
-
-
-def _history(name: str) -> Any:
-    from kairos.cli import history
-
-    return getattr(history, name)
-
-
-def _init(folder: str) -> int:
-    from kairos.cli.scaffold import init
-
-    return init(folder)
-
-
-def _serve(project: str, host: str | None, port: int | None) -> int:
-    from kairos.cli.serve import serve
-
-    return serve(project, host, port)
 
 
 def _log_show(args: argparse.Namespace) -> int:
@@ -171,19 +155,15 @@ def _log_show(args: argparse.Namespace) -> int:
     print(f"query {record.query_id} at {record.now.isoformat()} ({record.duration_ms:.2f} ms)")
     print("inputs: " + ", ".join(f"{k}={v!r}" for k, v in record.inputs.items()))
     rows = [
-        (name, _cell(v.value), v.source or "-", v.version or "-", _cell(v.observed_at),
+        (name, cell(v.value), v.source or "-", v.version or "-", cell(v.observed_at),
          v.error_code or "")
         for name, v in record.outputs.items()
     ]  # fmt: skip
-    print(_grid(("feature", "value", "source", "version", "observed_at", "error"), rows))
+    print(grid(("feature", "value", "source", "version", "observed_at", "error"), rows))
     return 0
 
 
 def _remote(url: str, inputs: dict[str, Any], outputs: list[str], now: datetime | None) -> Any:
-    import os
-    import urllib.error
-    import urllib.request
-
     body: dict[str, Any] = {"inputs": inputs, "outputs": outputs}
     if now is not None:
         body["now"] = now.isoformat()
@@ -223,10 +203,10 @@ def _query(args: argparse.Namespace) -> int:
             print(json.dumps(body, indent=2))
         else:
             rows = [
-                (name, _cell(f["value"]), f["source"] or "-", str(f["observed_at"] or "-"))
+                (name, cell(f["value"]), f["source"] or "-", str(f["observed_at"] or "-"))
                 for name, f in body["features"].items()
             ]
-            print(_grid(("feature", "value", "source", "observed_at"), rows))
+            print(grid(("feature", "value", "source", "observed_at"), rows))
             for error in body["errors"]:
                 print(f"error {error['feature']}: {error['code']}: {error['message']}")
             for line in breakdown(body["meta"].get("llm") or []):
@@ -290,29 +270,10 @@ def _json(result: QueryResult) -> str:
     return json.dumps(body, default=str, indent=2)
 
 
-def _grid(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A plain text table."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
-
-
 def _table(result: QueryResult) -> str:
-    rows = [(fv.feature, _cell(fv.value), fv.source or "-", _cell(fv.observed_at)) for fv in result]
-    lines = [_grid(("feature", "value", "source", "observed_at"), rows)]
+    rows = [(fv.feature, cell(fv.value), fv.source or "-", cell(fv.observed_at)) for fv in result]
+    lines = [grid(("feature", "value", "source", "observed_at"), rows)]
     lines += [f"error {e.feature}: {e.code}: {e.message}" for e in result.errors]
     lines += breakdown(result.meta.llm)
     lines.append(f"query {result.meta.query_id} in {result.meta.duration_ms:.2f} ms")
     return "\n".join(lines)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, datetime):
-        return value.isoformat(timespec="seconds")
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)

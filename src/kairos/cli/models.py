@@ -20,6 +20,7 @@ from typing import Any
 
 from kairos.client import Client
 from kairos.errors import KairosError
+from kairos.models import formats
 
 
 def add_models_commands(commands: Any) -> None:
@@ -113,8 +114,6 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _register(args: argparse.Namespace) -> int:
-    from kairos.models import formats
-
     path = Path(args.file)
     if not path.is_file():
         raise KairosError(f"no artifact file {args.file!r}")

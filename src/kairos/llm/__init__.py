@@ -1,4 +1,4 @@
-"""LLMs: prompts as features, tokenizers, and open-weight deployments (llama.cpp, vLLM).
+"""LLMs as features: prompts over features, tokenizers and local embeddings.
 
 Modules are imported where they are used; importing this package does no work.
 """

@@ -9,10 +9,9 @@ import hmac
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,71 +28,12 @@ from kairos.errors import (
     PlanError,
     UnknownFeature,
 )
+from kairos.server.bodies import HTTPProblem, json_response, problem_response, read_json
 from kairos.server.metrics import Metrics
+from kairos.server.models_routes import model_routes
 from kairos.server.openapi import openapi_document
 
-MAX_BODY = 4 * 1024 * 1024
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-class HTTPProblem(Exception):
-    """An error answered with a status and a JSON body; never a stack trace."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        field: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.field = field
-        self.headers = headers or {}
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, set | frozenset | tuple):
-        return list(value)
-    return str(value)
-
-
-def json_response(body: Any, status: int = 200) -> Response:
-    return Response(
-        orjson.dumps(body, default=_default, option=orjson.OPT_NON_STR_KEYS),
-        status_code=status,
-        media_type="application/json",
-    )
-
-
-def problem_response(problem: HTTPProblem) -> Response:
-    error: dict[str, Any] = {"code": problem.code, "message": problem.message}
-    if problem.field:
-        error["field"] = problem.field
-    response = json_response({"error": error}, problem.status)
-    response.headers.update(problem.headers)
-    return response
-
-
-async def read_json(request: Request) -> dict[str, Any]:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
-        raise HTTPProblem(413, "too_large", f"the body is over {MAX_BODY} bytes")
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise HTTPProblem(413, "too_large", f"the body is over {MAX_BODY} bytes")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as error:
-        raise HTTPProblem(400, "malformed_json", f"the body is not valid JSON: {error}") from None
-    if not isinstance(body, dict):
-        raise HTTPProblem(422, "invalid_body", "the body must be a JSON object", "body")
-    return body
 
 
 def _outputs(body: dict[str, Any]) -> list[str]:
@@ -452,8 +392,6 @@ def create_app(
 ) -> Starlette:
     """The ASGI app serving `client`; with `close_client`, shutting the app down closes the
     client, which flushes the query log before the process exits."""
-    from kairos.server.models_routes import model_routes  # it imports this module
-
     server = Server(client, config or client.config.server)
     r = server.route
     routes = [
@@ -467,7 +405,7 @@ def create_app(
         Route("/readyz", r("readyz", server.readyz, public=True), methods=["GET"]),
         Route("/metrics", r("metrics", server.metrics_endpoint), methods=["GET"]),
         Route("/openapi.json", r("openapi", server.openapi, public=True), methods=["GET"]),
-        *model_routes(server),
+        *model_routes(client, r),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:

@@ -20,24 +20,27 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
+import pyarrow
+import pyarrow.ipc
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from kairos.client.client import Client
 from kairos.errors import InvalidInput
 from kairos.models import formats
 from kairos.models.errors import TamperedArtifact, UnknownModel, UnsupportedModel
-from kairos.server.app import MAX_BODY, HTTPProblem, Server, json_response, read_json
+from kairos.server.bodies import MAX_BODY, HTTPProblem, json_response, read_json
 
 ARROW = "application/vnd.apache.arrow.stream"
 MAX_ARTIFACT = 512 * 1024 * 1024
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def model_routes(server: Server) -> list[Route]:
-    """The routes, wrapped like every other route (auth, JSON errors, metrics)."""
-    handlers = ModelHandlers(server)
-    r = server.route
+def model_routes(client: Client, r: Callable[[str, Handler], Handler]) -> list[Route]:
+    """The routes over `client`, each wrapped by `r` like every other route (auth, JSON errors,
+    metrics)."""
+    handlers = ModelHandlers(client)
     return [
         Route("/v1/models", r("models_list", handlers.list), methods=["GET"]),
         Route(
@@ -83,8 +86,8 @@ def _problems(handler: Handler) -> Handler:
 
 
 class ModelHandlers:
-    def __init__(self, server: Server) -> None:
-        self.client = server.client
+    def __init__(self, client: Client) -> None:
+        self.client = client
         self.list = _problems(self._list)
         self.register = _problems(self._register)
         self.get = _problems(self._get)
@@ -248,9 +251,6 @@ async def _body(request: Request, limit: int) -> bytes:
 
 
 def _read_arrow(data: bytes) -> Any:
-    import pyarrow
-    import pyarrow.ipc
-
     try:
         return pyarrow.ipc.open_stream(pyarrow.BufferReader(data)).read_all()
     except (pyarrow.ArrowInvalid, OSError) as error:
@@ -260,9 +260,6 @@ def _read_arrow(data: bytes) -> Any:
 
 
 def _arrow_response(label: str, predictions: np.ndarray) -> Response:
-    import pyarrow
-    import pyarrow.ipc
-
     values = (
         pyarrow.array(predictions)
         if predictions.ndim == 1 and predictions.dtype.kind in "fiub"

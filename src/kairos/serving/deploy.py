@@ -1,10 +1,10 @@
 """What an open-weight deployment is: its spec, and the command line each engine replica runs.
 
     spec = DeploymentSpec(name="gemma", model="gemma.gguf", replicas=2, max_replicas=4)
-    engine_command(spec, port=8201)        # ['.../python', '-m', 'kairos.llm.worker', ...]
+    engine_command(spec, port=8201)        # ['.../python', '-m', 'kairos.serving.worker', ...]
 
 Engines:
-- `llamacpp` (CPU): kairos' own worker (`kairos.llm.worker`) around llama-cpp-python in process.
+- `llamacpp` (CPU): kairos' own worker (`kairos.serving.worker`) around llama-cpp-python in process.
 - `vllm` (GPU): `vllm serve MODEL --host H --port P --served-model-name NAME --max-model-len N
   --gpu-memory-utilization U --tensor-parallel-size T --seed S`. vLLM only listens once the
   weights are loaded; its `/health` is 200 then (503 if the engine died); both engines are
@@ -12,7 +12,7 @@ Engines:
   sees GPUs i*T .. i*T+T-1 through CUDA_VISIBLE_DEVICES unless `share_gpu` is set (then give
   each replica a `gpu_memory_utilization` of at most 1/replicas).
 
-`kairos.llm.supervisor.DeploymentGroup` runs a spec.
+`kairos.serving.supervisor.DeploymentGroup` runs a spec.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def engine_command(spec: DeploymentSpec, port: int, *, parent_pid: int | None = 
         ]  # fmt: skip
         return [*command, *spec.extra_args]
     command = [
-        sys.executable, "-m", "kairos.llm.worker",
+        sys.executable, "-m", "kairos.serving.worker",
         "--model", spec.model,
         "--name", spec.name,
         "--host", spec.host,

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from kairos.llm.deploy import DeploymentSpec
-from kairos.llm.errors import DeploymentError
-from kairos.llm.supervisor import DeploymentGroup
+from kairos.serving.deploy import DeploymentSpec
+from kairos.serving.errors import DeploymentError
+from kairos.serving.supervisor import DeploymentGroup
 
 
 def spec(model: Path, **overrides: Any) -> DeploymentSpec:

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kairos.llm.errors import ContextOverflow, EngineNotReady, LLMRequestError
-from kairos.llm.stops import StopMatcher
+from kairos.serving.errors import ContextOverflow, EngineNotReady, LLMRequestError
+from kairos.serving.stops import StopMatcher
 
 
 @dataclass(frozen=True, slots=True)

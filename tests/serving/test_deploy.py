@@ -6,7 +6,7 @@ import pytest
 
 from kairos.cli.main import _parser
 from kairos.errors import InvalidInput
-from kairos.llm.deploy import DeploymentSpec, engine_command, engine_env
+from kairos.serving.deploy import DeploymentSpec, engine_command, engine_env
 
 
 def test_the_vllm_command_line_carries_every_documented_flag() -> None:
@@ -50,7 +50,7 @@ def test_the_vllm_command_line_carries_every_documented_flag() -> None:
 def test_the_llamacpp_command_runs_kairos_worker() -> None:
     spec = DeploymentSpec(name="tiny", model="/m/tiny.gguf", ctx=512, threads=1)
     command = engine_command(spec, 8200, parent_pid=42)
-    assert command[:3] == [sys.executable, "-m", "kairos.llm.worker"]
+    assert command[:3] == [sys.executable, "-m", "kairos.serving.worker"]
     flags = dict(zip(command[3::2], command[4::2], strict=True))
     assert flags == {
         "--model": "/m/tiny.gguf",

@@ -5,8 +5,8 @@ from typing import Any
 import pytest
 
 from kairos.errors import KairosError
-from kairos.llm.errors import LLMRequestError
-from kairos.llm.openai_request import chat_request, completion_request, tokenize_request
+from kairos.serving.errors import LLMRequestError
+from kairos.serving.openai_request import chat_request, completion_request, tokenize_request
 
 
 def test_a_completion_body_becomes_sampling_settings() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.llm.tiny_gguf import write_tiny_gguf
+from tests.serving.tiny_gguf import write_tiny_gguf
 
 
 @pytest.fixture(scope="session")
@@ -37,12 +37,12 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_worker(model: Path, *args: str, name: str = "tiny") -> Iterator[str]:
-    """Start `python -m kairos.llm.worker` on `model`; yield its URL once /health says 200."""
+    """Start `python -m kairos.serving.worker` on `model`; yield its URL once /health says 200."""
     port = free_port()
     command = [
         sys.executable,
         "-m",
-        "kairos.llm.worker",
+        "kairos.serving.worker",
         "--model",
         str(model),
         "--name",

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kairos.llm.errors import LLMRequestError
-from kairos.llm.llamacpp import Sampling
+from kairos.serving.errors import LLMRequestError
+from kairos.serving.llamacpp import Sampling
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 

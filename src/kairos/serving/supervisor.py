@@ -9,7 +9,7 @@ A replica is ready when its model is listed on `/v1/models` and a 1-token comple
 not when its port opens. A replica whose process exits is started again on the same port. With
 `min_replicas < max_replicas` the group adds a replica when requests have kept waiting in the
 engines' queues for `scale_up_after` seconds, and removes one (drained first) after
-`scale_down_after` idle seconds. Every change is logged to `kairos.llm.deploy` and passed to
+`scale_down_after` idle seconds. Every change is logged to `kairos.serving.deploy` and passed to
 `on_event`.
 """
 
@@ -32,10 +32,10 @@ from typing import IO, Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kairos.llm.deploy import DeploymentSpec, engine_command, engine_env
-from kairos.llm.errors import DeploymentError
+from kairos.serving.deploy import DeploymentSpec, engine_command, engine_env
+from kairos.serving.errors import DeploymentError
 
-log = logging.getLogger("kairos.llm.deploy")
+log = logging.getLogger("kairos.serving.deploy")
 
 STARTING, READY, DRAINING, STOPPED, FAILED = "starting", "ready", "draining", "stopped", "failed"
 

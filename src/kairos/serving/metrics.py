@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from kairos.llm.llamacpp import EngineObserver, Finished, Job
+from kairos.serving.llamacpp import EngineObserver, Finished, Job
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _RATES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)

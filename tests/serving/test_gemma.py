@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.llm.conftest import running_worker
-from tests.llm.sse import events
+from tests.serving.conftest import running_worker
+from tests.serving.sse import events
 
 PROMPT = "The capital of Germany is Berlin. The capital of France is"
 

@@ -9,10 +9,10 @@ from typing import Any
 import orjson
 
 from kairos.gateway import Gateway, GatewayConfig
-from kairos.llm.deploy import DeploymentSpec
-from kairos.llm.group_provider import DeploymentProvider, gateway_entries
-from kairos.llm.supervisor import DeploymentGroup
-from tests.llm.test_worker import _metric
+from kairos.serving.deploy import DeploymentSpec
+from kairos.serving.group_provider import DeploymentProvider, gateway_entries
+from kairos.serving.supervisor import DeploymentGroup
+from tests.serving.test_worker import _metric
 
 ENVIRON = {"GW_ADMIN": "admin-key-1", "GW_PEPPER": "pepper-1"}
 

@@ -1,6 +1,6 @@
 """kairos' LLM worker: an OpenAI-compatible HTTP server around one llama.cpp model in process.
 
-    python -m kairos.llm.worker --model tiny.gguf --port 8200 --ctx 2048 --threads 1
+    python -m kairos.serving.worker --model tiny.gguf --port 8200 --ctx 2048 --threads 1
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (SSE when `stream`; usage in a final
 chunk with empty `choices` when `stream_options.include_usage`; always in plain responses),
@@ -9,7 +9,7 @@ chunk with empty `choices` when `stream_options.include_usage`; always in plain 
 `GET /metrics` (Prometheus). Every completion carries `kairos_timings` (queue, prefill, TTFT,
 decode, tokens/s, token counts).
 
-Requests wait in a strict FIFO queue and run one at a time (see `kairos.llm.llamacpp`): one that
+Requests wait in a strict FIFO queue and run one at a time (see `kairos.serving.llamacpp`): one that
 arrives during a stream waits for it rather than cutting it off. A client that disconnects
 cancels its generation, or drops its place in the queue.
 """
@@ -38,10 +38,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from kairos.llm.errors import EngineNotReady, LLMRequestError, UnknownLLM
-from kairos.llm.llamacpp import EngineConfig, Finished, Job, LlamaCppEngine, Piece
-from kairos.llm.metrics import WorkerMetrics
-from kairos.llm.openai_request import (
+from kairos.serving.errors import EngineNotReady, LLMRequestError, UnknownLLM
+from kairos.serving.llamacpp import EngineConfig, Finished, Job, LlamaCppEngine, Piece
+from kairos.serving.metrics import WorkerMetrics
+from kairos.serving.openai_request import (
     CompletionRequest,
     chat_request,
     completion_request,
@@ -344,7 +344,7 @@ def _error(error: LLMRequestError | EngineNotReady) -> Response:
 
 def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
     parser = argparse.ArgumentParser(
-        prog="python -m kairos.llm.worker",
+        prog="python -m kairos.serving.worker",
         description="Serve one GGUF model over an OpenAI-compatible HTTP API.",
     )
     parser.add_argument("--model", required=True, help="path to a .gguf file")

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from kairos.llm.stops import StopMatcher
+from kairos.serving.stops import StopMatcher
 
 
 def test_a_stop_split_across_pieces_ends_the_text_before_it() -> None:

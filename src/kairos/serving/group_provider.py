@@ -7,7 +7,6 @@ the fewest outstanding requests, so the gateway's keys, budgets and ledger apply
 
 It satisfies `kairos.gateway.providers.Provider` structurally; the gateway's own OpenAI client
 does the HTTP (its errors are the gateway's `UpstreamError`s, so failover and breakers work).
-The gateway is imported only when a call is made: importing this module does no work.
 """
 
 from __future__ import annotations
@@ -15,8 +14,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kairos.llm.errors import DeploymentError
-from kairos.llm.supervisor import DeploymentGroup, Replica
+from kairos.gateway.config import ProviderConfig
+from kairos.gateway.errors import UpstreamError
+from kairos.gateway.messages import tokenizer_count
+from kairos.gateway.providers import OpenAICompatible
+from kairos.serving.errors import DeploymentError
+from kairos.serving.supervisor import DeploymentGroup, Replica
 
 # The gateway validates a provider's base_url; calls never use this one (replicas are picked
 # per call), so it is a reserved, unroutable name.
@@ -42,15 +45,12 @@ class DeploymentProvider:
     def __init__(self, group: DeploymentGroup, *, name: str | None = None) -> None:
         self.name = name or group.name
         self.group = group
-        self._upstreams: dict[str, Any] = {}  # replica URL -> the gateway's OpenAI client
+        self._upstreams: dict[str, OpenAICompatible] = {}  # replica URL -> its client
 
     def __repr__(self) -> str:
         return f"DeploymentProvider({self.name!r}, {len(self.group.urls)} ready)"
 
-    def _upstream(self, replica: Replica) -> Any:
-        from kairos.gateway.config import ProviderConfig
-        from kairos.gateway.providers import OpenAICompatible
-
+    def _upstream(self, replica: Replica) -> OpenAICompatible:
         client = self._upstreams.get(replica.url)
         if client is None:
             config = ProviderConfig(self.name, "openai", replica.url + "/v1")
@@ -58,8 +58,6 @@ class DeploymentProvider:
         return client
 
     def _unavailable(self, error: DeploymentError) -> Exception:
-        from kairos.gateway.errors import UpstreamError
-
         return UpstreamError(str(error), status=503, retryable=True)
 
     async def _lease(self) -> tuple[Any, Any]:
@@ -91,8 +89,6 @@ class DeploymentProvider:
         """Nothing to translate: replicas serve the OpenAI wire format."""
 
     async def count_tokens(self, body: dict[str, Any], timeout: float) -> int:
-        from kairos.gateway.messages import tokenizer_count
-
         return tokenizer_count(body)
 
     async def close(self) -> None:

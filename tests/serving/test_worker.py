@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.llm.sse import events
+from tests.serving.sse import events
 
 TIMING_KEYS = {
     "queue_ms",

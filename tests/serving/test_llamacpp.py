@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kairos.llm.errors import ContextOverflow, EngineNotReady
-from kairos.llm.llamacpp import EngineConfig, Finished, LlamaCppEngine, Piece, Sampling
+from kairos.serving.errors import ContextOverflow, EngineNotReady
+from kairos.serving.llamacpp import EngineConfig, Finished, LlamaCppEngine, Piece, Sampling
 
 
 @pytest.fixture(scope="module")

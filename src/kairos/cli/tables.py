@@ -1,0 +1,35 @@
+"""Plain text tables of the command line: a grid of left-aligned columns, and how a value reads
+in one of its cells.
+
+    >>> print(grid(("feature", "value"), [("user.risk", cell(0.25)), ("user.name", cell(None))]))
+    feature    value
+    ---------  -----
+    user.risk  0.25
+    user.name  -
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+
+def grid(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain text table."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def cell(value: Any) -> str:
+    """A value as a table shows it: `-` for none, times to the second, floats to 6 digits."""
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds")
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)

@@ -1,0 +1,73 @@
+"""JSON bodies of the HTTP server: read a request's, answer a value or a problem (an error
+with a status and a JSON body, never a stack trace)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+MAX_BODY = 4 * 1024 * 1024
+
+
+class HTTPProblem(Exception):
+    """An error answered with a status and a JSON body; never a stack trace."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+        self.headers = headers or {}
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(
+        orjson.dumps(body, default=_default, option=orjson.OPT_NON_STR_KEYS),
+        status_code=status,
+        media_type="application/json",
+    )
+
+
+def problem_response(problem: HTTPProblem) -> Response:
+    error: dict[str, Any] = {"code": problem.code, "message": problem.message}
+    if problem.field:
+        error["field"] = problem.field
+    response = json_response({"error": error}, problem.status)
+    response.headers.update(problem.headers)
+    return response
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise HTTPProblem(413, "too_large", f"the body is over {MAX_BODY} bytes")
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        raise HTTPProblem(413, "too_large", f"the body is over {MAX_BODY} bytes")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise HTTPProblem(400, "malformed_json", f"the body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise HTTPProblem(422, "invalid_body", "the body must be a JSON object", "body")
+    return body

@@ -1,0 +1,1 @@
+"""The LLM serving runtime: llama.cpp workers, vLLM, supervised deployment groups."""
