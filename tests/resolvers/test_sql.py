@@ -376,3 +376,110 @@ def test_a_slow_query_past_its_timeout_fails_only_its_features(shop: Shop) -> No
         assert error.code == "timeout"
         assert error.resolver == "customer"
         assert "0.05s" in error.message
+
+
+# --- 7. statements read by sqlglot, in the source's dialect ---------------------------------
+
+
+def test_a_limit_in_a_correlated_subquery_still_pushes_the_keys_down(shop: Shop) -> None:
+    shop.write_sql(
+        "customer.sql",
+        """\
+        -- resolves: Customer
+        -- source: shop
+        select id, name, level as tier from customers c
+        where id = :id and exists (select 1 from orders o where o.customer_id = c.id limit 1)
+        """,
+    )
+    client = shop.client()
+    statements = shop.statements(client)
+    ids = [*NAMES, "ghost"]
+    buyers = {customer for _, customer, _, _ in ORDERS}
+
+    bulk = client.query_bulk({"customer.id": ids}, ["customer.name"], now=NOW)
+
+    assert bulk.column("customer.name") == [NAMES[i] if i in buyers else None for i in ids]
+    (customers,) = on_table(statements, "customers")
+    assert " IN (" in customers.sql
+    assert sorted(customers.params) == sorted(ids)
+
+
+def test_a_window_in_a_derived_table_is_computed_over_all_rows_in_a_batch(shop: Shop) -> None:
+    shop.write_sql(
+        "customer.sql",
+        """\
+        -- resolves: Customer
+        -- source: shop
+        select id, name, tier
+        from (select id, name, level as tier, row_number() over (order by id) as n
+              from customers) ranked
+        where id = :id and n <= 10
+        """,
+    )
+    client = shop.client()
+    statements = shop.statements(client)
+    ids = [*NAMES, "ghost"]
+    first_ten = sorted(NAMES)[:10]
+
+    bulk = client.query_bulk({"customer.id": ids}, ["customer.name"], now=NOW)
+
+    assert bulk.column("customer.name") == [NAMES[i] if i in first_ten else None for i in ids]
+    (customers,) = statements  # `from customers) ranked`: the window saw every customer
+    assert " IN (" in customers.sql
+
+
+def test_a_postgres_escape_string_is_read_as_one_string(shop: Shop) -> None:
+    if shop.backend.dialect == "sqlite":
+        pytest.skip("SQLite has no E'...' strings")
+    shop.write_sql(
+        "customer.sql",
+        r"""
+        -- resolves: Customer
+        -- source: shop
+        select id, name, level as tier from customers where name <> E'it\'s -- :id' and id = :id
+        """,
+    )
+    client = shop.client()
+    statements = shop.statements(client)
+
+    one = client.query({"customer.id": "c004"}, SCALARS, now=NOW)
+    bulk = client.query_bulk({"customer.id": ["c001", "c002"]}, SCALARS, now=NOW)
+
+    assert one.values == {"customer.name": NAMES["c004"], "customer.tier": TIERS["c004"]}
+    assert bulk.column("customer.name") == [NAMES["c001"], NAMES["c002"]]
+    assert [s.params for s in on_table(statements, "customers")] == [["c004"], ["c001", "c002"]]
+
+
+UNREADABLE = {
+    "unbalanced-parenthesis": (
+        CUSTOMER_HEADER + "select id, name from customers\nwhere id = :id and (\n",
+        ["cannot parse the statement as {dialect} SQL", "line 4", "fix the SQL"],
+    ),
+    "unterminated-string": (
+        CUSTOMER_HEADER + "select id, name from customers where id = :id and name = 'open\n",
+        ["cannot read the statement as {dialect} SQL", "close the quote"],
+    ),
+    "two-statements": (
+        CUSTOMER_HEADER + "select id, name from customers where id = :id;\nselect 1 from t;\n",
+        ["the file holds 2 statements; keep one SELECT"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(UNREADABLE))
+def test_sql_sqlglot_cannot_read_fails_client_creation_naming_the_file(
+    shop: Shop, case: str
+) -> None:
+    text, fragments = UNREADABLE[case]
+    (shop.folder / "bad.sql").write_text(text)
+
+    with pytest.raises(kr.DefinitionError) as raised:
+        shop.client()
+
+    message = str(raised.value)
+    assert f"sql resolver 'bad' ({shop.folder / 'bad.sql'}:3)" in message
+    for fragment in fragments:
+        assert fragment.format(dialect=shop.backend.dialect) in message
+    assert "\n" not in message and "Traceback" not in message
+    assert raised.value.__cause__ is None  # sqlglot's error is told, not chained
+    assert raised.value.__context__ is None or raised.value.__suppress_context__

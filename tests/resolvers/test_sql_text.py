@@ -215,3 +215,143 @@ def test_batch_text_turns_the_key_comparison_into_in(
 )
 def test_batch_text_leaves_other_comparisons_alone(sql: str) -> None:
     assert batch_text(split_parameters(sql), "id") is None
+
+
+# --- read by sqlglot: what the hand-written lexer and the keyword regexes got wrong -----------
+# Without a dialect the text reads as PostgreSQL; a resolver reads it in its source's dialect.
+
+
+@pytest.mark.parametrize("dialect", [None, "duckdb"], ids=["default", "duckdb"])
+@pytest.mark.parametrize(
+    ("sql", "rendered"),
+    [
+        (
+            r"select id, E'it\'s = :fake' as note from t where id = :id",
+            r"select id, E'it\'s = :fake' as note from t where id = $1",
+        ),
+        (
+            r"select id, E'it\'s -- :fake' as note from t where id = :id",
+            r"select id, E'it\'s -- :fake' as note from t where id = $1",
+        ),
+        (
+            "select id /* outer /* inner */ :fake */ from t where id = :id",
+            "select id /* outer /* inner */ :fake */ from t where id = $1",
+        ),
+    ],
+    ids=["escape-string", "comment-dashes-in-escape-string", "nested-comment"],
+)
+def test_escape_strings_and_nested_comments_hide_their_colons(
+    sql: str, rendered: str, dialect: str | None
+) -> None:
+    text = split_parameters(sql) if dialect is None else split_parameters(sql, dialect)
+
+    assert text.params == ("id",)
+    assert text.render(dollars) == rendered
+
+
+def test_sqlite_quoted_names_hide_their_colons() -> None:
+    text = split_parameters(
+        "select `odd :fake` as a, [odd :also] as b from t where id = :id", "sqlite"
+    )
+
+    assert text.params == ("id",)
+    assert text.render(dollars) == "select `odd :fake` as a, [odd :also] as b from t where id = $1"
+
+
+def test_selected_columns_reads_escape_strings_whole() -> None:
+    sql = r"select id, E'it\'s, a pair' as pair, name from t"
+
+    assert selected_columns(sql) == ["id", "pair", "name"]
+
+
+@pytest.mark.parametrize(
+    ("sql", "rewritten"),
+    [
+        (
+            r"select id, E'it\'s = ' as note from t where id = :id",
+            r"select id, E'it\'s = ' as note from t where id IN ($1)",
+        ),
+        (
+            r"select id, E'it\'s the max' as note from t where id = :id",
+            r"select id, E'it\'s the max' as note from t where id IN ($1)",
+        ),
+        (
+            "select id, (select amount from orders o where o.customer_id = c.id "
+            "order by ts desc limit 1) as last from customers c where id = :id",
+            "select id, (select amount from orders o where o.customer_id = c.id "
+            "order by ts desc limit 1) as last from customers c where id IN ($1)",
+        ),
+        (
+            "select id, (select max(amount) from orders o where o.customer_id = c.id) as top "
+            "from customers c where id = :id",
+            "select id, (select max(amount) from orders o where o.customer_id = c.id) as top "
+            "from customers c where id IN ($1)",
+        ),
+        (
+            "select id, n from (select id, row_number() over (order by score) as n "
+            "from customers) ranked where id = :id and n <= 10",
+            "select id, n from (select id, row_number() over (order by score) as n "
+            "from customers) ranked where id IN ($1) and n <= 10",
+        ),
+        (
+            "with top as (select id from customers order by score desc limit 10) "
+            "select c.id from customers c where c.id = :id and c.id in (select id from top)",
+            "with top as (select id from customers order by score desc limit 10) "
+            "select c.id from customers c where c.id IN ($1) and c.id in (select id from top)",
+        ),
+        (
+            "with c as (select * from customers where id = :id) select id, name from c",
+            "with c as (select * from customers where id IN ($1)) select id, name from c",
+        ),
+    ],
+    ids=[
+        "escape-string",
+        "aggregate-name-in-escape-string",
+        "limit-in-correlated-subquery",
+        "aggregate-in-correlated-subquery",
+        "window-in-derived-table",
+        "limit-in-cte",
+        "key-in-cte-read-once",
+    ],
+)
+def test_batch_text_judges_each_subquery_on_its_own(sql: str, rewritten: str) -> None:
+    found = batch_text(split_parameters(sql), "id")
+
+    assert found is not None
+    assert found[0].render(dollars) == rewritten
+    assert found[1] == "id"
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "select id, rank() over (order by score) as r from customers where id = :id",
+        "select id, name from (select id, name from customers where id = :id limit 1) c",
+        "select id, n from (select id, row_number() over () as n from customers "
+        "where id = :id) ranked",
+        "with c as (select * from customers where id = :id) "
+        "select a.id from c a join c b on a.name <> b.name",
+        "select id from customers where id = :id or level = 'gold'",
+        "select id from customers where not (id = :id)",
+        "select id from customers where level in (select level from customers where id = :id)",
+        "select c.id from customers c left join orders o on o.customer_id = :id",
+    ],
+    ids=[
+        "window",
+        "key-inside-limit",
+        "key-inside-window",
+        "key-in-cte-read-twice",
+        "key-under-or",
+        "key-under-not",
+        "key-in-in-subquery",
+        "key-in-join-condition",
+    ],
+)
+def test_batch_text_refuses_where_a_key_would_see_another_keys_rows(sql: str) -> None:
+    assert batch_text(split_parameters(sql), "id") is None
+
+
+def test_unreadable_sql_has_no_parameters_and_no_batch() -> None:
+    assert split_parameters("select id from t where id = :id and note = 'open").params == ()
+    assert selected_columns("select id, name from t where (") is None
+    assert batch_text(split_parameters("select id from t where id = :id and ("), "id") is None

@@ -217,7 +217,8 @@ def bind_sql(graph: Graph, resolver: SqlResolver, sources: Mapping[str, Any]) ->
     where = f"sql resolver {resolver.name!r} ({resolver.where})"
     info = _resolved_class(graph, where, resolver.resolves)
     source = _source_for(where, resolver.source, sources)
-    if resolver.columns is None:
+    statement = resolver.read(source.dialect)  # a DefinitionError if it cannot be parsed
+    if statement.columns is None:
         raise DefinitionError(
             f"{where}: name every selected column, aliasing expressions with `as` "
             "(e.g. `count(*) as txn_count`); `select *` cannot be planned"
@@ -225,7 +226,7 @@ def bind_sql(graph: Graph, resolver: SqlResolver, sources: Mapping[str, Any]) ->
     features = info.features
     lowered = {name.lower(): name for name in features}
     columns: dict[str, str] = {}
-    for column in resolver.columns:
+    for column in statement.columns:
         name = lowered.get(column.lower())
         if name is None or features[name].kind != "scalar":
             raise DefinitionError(
@@ -237,7 +238,7 @@ def bind_sql(graph: Graph, resolver: SqlResolver, sources: Mapping[str, Any]) ->
                 f"{where}: {info.namespace}.{name} is defined by an expression; drop the column"
             )
         columns[column] = name
-    params = tuple(dict.fromkeys(resolver.text.params))
+    params = tuple(dict.fromkeys(statement.text.params))
     keys = []
     for param in params:
         if param == "now":
@@ -305,7 +306,7 @@ def bind_sql(graph: Graph, resolver: SqlResolver, sources: Mapping[str, Any]) ->
     key_column = (
         next((c for c, n in columns.items() if n == key), None) if key in selected else None
     )
-    rewritten = batch_text(resolver.text, key) if key_column else None
+    rewritten = batch_text(statement.text, key, source.dialect) if key_column else None
     plan = SqlPlan(
         resolver,
         key,

@@ -17,19 +17,29 @@ Where that rewrite cannot apply (other arguments differ per entity, like `:now` 
 of an offline spine, or the statement aggregates or limits its rows), DuckDB and PostgreSQL
 get one statement anyway: the calls' arguments as a `VALUES` list joined `LATERAL` to the
 user's statement, which the database evaluates once per call, exactly as if run alone.
+
+The statement is read with sqlglot in its source's dialect (SQLite, DuckDB or PostgreSQL):
+its tokens find the parameters, its syntax tree the output columns and whether the key
+comparison may become `IN (...)`. The text sent to the database is the user's own, edited
+only where a parameter or the key comparison stands.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from sqlglot import Token, TokenType, exp
+from sqlglot.dialects.dialect import Dialect
+from sqlglot.errors import ParseError, TokenError
 
 from kairos.definitions.durations import parse_duration
 from kairos.errors import DefinitionError, KairosError
@@ -58,6 +68,11 @@ LATERAL_TYPES: dict[str, dict[str, str]] = {
         "date": "date",
     },
 }
+# The sources' dialects, named as sqlglot names them; SQL of no known source reads as PostgreSQL.
+DIALECTS = ("sqlite", "duckdb", "postgres")
+DEFAULT_DIALECT = "postgres"
+# Clauses of a SELECT that act on its whole result rather than on each row.
+_WHOLE_RESULT_CLAUSES = ("distinct", "group", "having", "qualify", "windows", "limit", "offset")
 logger = logging.getLogger("kairos.sql")
 
 
@@ -76,145 +91,134 @@ class SqlText:
                 pieces.append(placeholder(index + 1))
         return "".join(pieces)
 
-
-_DOLLAR = re.compile(r"\$([A-Za-z_]\w*)?\$")
-
-
-def scan(sql: str) -> list[tuple[str, str]]:
-    """Split SQL into ("code" | "string" | "comment", text) segments, in order. Strings are
-    '...', "..." (doubled quotes escape) and Postgres $tag$...$tag$; comments -- and /* */."""
-    segments: list[tuple[str, str]] = []
-    start = i = 0
-    n = len(sql)
-    while i < n:
-        ch = sql[i]
-        end = -1
-        kind = ""
-        if ch in ("'", '"'):
-            kind = "string"
-            end = sql.find(ch, i + 1)
-            while end != -1 and end + 1 < n and sql[end + 1] == ch:  # doubled quote escape
-                end = sql.find(ch, end + 2)
-            end = n if end == -1 else end + 1
-        elif sql.startswith("--", i):
-            kind = "comment"
-            end = sql.find("\n", i)
-            end = n if end == -1 else end
-        elif sql.startswith("/*", i):
-            kind = "comment"
-            end = sql.find("*/", i + 2)
-            end = n if end == -1 else end + 2
-        elif ch == "$" and (i == 0 or not (sql[i - 1].isalnum() or sql[i - 1] == "_")):
-            match = _DOLLAR.match(sql, i)
-            if match:
-                kind = "string"
-                end = sql.find(match.group(0), match.end())
-                end = n if end == -1 else end + len(match.group(0))
-        if not kind:
-            i += 1
-            continue
-        if i > start:
-            segments.append(("code", sql[start:i]))
-        segments.append((kind, sql[i:end]))
-        start = i = end
-    if start < n:
-        segments.append(("code", sql[start:]))
-    return segments
+    @property
+    def sql(self) -> str:
+        """The text as written, `:name` parameters in place."""
+        return self.render(lambda index: ":" + self.params[index - 1])
 
 
-def split_parameters(sql: str) -> SqlText:
-    """Find `:name` parameters outside quotes and comments; `::type` casts are not params."""
+@dataclass(frozen=True, slots=True)
+class SqlStatement:
+    """A resolver's statement as its source's dialect reads it."""
+
+    text: SqlText
+    columns: list[str] | None  # see selected_columns
+
+
+def _dialect(name: str | None) -> Dialect:
+    return Dialect.get_or_raise(name if name in DIALECTS else DEFAULT_DIALECT)
+
+
+def _parameter_spans(sql: str, tokens: Sequence[Token]) -> Iterator[tuple[int, int, str]]:
+    """(start, end, name) of each `:name`: a colon token touching a name token. Strings,
+    quoted names and comments are tokens of their own (or no token), and `::` is a cast."""
+    for colon, name in itertools.pairwise(tokens):
+        if colon.token_type is TokenType.COLON and name.start == colon.end + 1:
+            text = sql[name.start : name.end + 1]
+            if _IDENT.fullmatch(text):
+                yield colon.start, name.end + 1, text
+
+
+def split_parameters(sql: str, dialect: str | None = None) -> SqlText:
+    """Find `:name` parameters outside quotes and comments; `::type` casts are not params.
+
+    >>> split_parameters("select id from t where id = :id and note = ':x'").params
+    ('id',)
+    """
+    try:
+        tokens = _dialect(dialect).tokenize(sql)
+    except TokenError:  # e.g. an unterminated string: no parameter can be told apart
+        return SqlText((sql,), ())
+    return _split(sql, tokens)
+
+
+def _split(sql: str, tokens: Sequence[Token]) -> SqlText:
     parts: list[str] = []
     params: list[str] = []
-    current: list[str] = []
-    for kind, text in scan(sql):
-        if kind != "code":
-            current.append(text)
-            continue
-        i = last = 0
-        while i < len(text):
-            if text.startswith("::", i):
-                i += 2
-            elif text[i] == ":" and (match := _IDENT.match(text, i + 1)):
-                current.append(text[last:i])
-                parts.append("".join(current))
-                current = []
-                params.append(match.group(0))
-                i = last = match.end()
-            else:
-                i += 1
-        current.append(text[last:])
-    parts.append("".join(current))
+    last = 0
+    for start, end, name in _parameter_spans(sql, tokens):
+        parts.append(sql[last:start])
+        params.append(name)
+        last = end
+    parts.append(sql[last:])
     return SqlText(tuple(parts), tuple(params))
 
 
-def _masked(sql: str, *, strings: bool) -> str:
-    """The SQL with comments blanked (and, with `strings`, quoted text replaced by x), the
-    same length, so positions found in it are positions in the original."""
-    pieces = []
-    for kind, text in scan(sql):
-        if kind == "code" or (kind == "string" and not strings):
-            pieces.append(text)
-        elif kind == "comment":
-            pieces.append(" " * len(text))
-        else:
-            pieces.append(text[0] + "x" * (len(text) - 2) + text[-1] if len(text) > 1 else "x")
-    return "".join(pieces)
+def _parse(sql: str, dialect: str | None) -> tuple[list[Token], list[exp.Expr]]:
+    """The statement's tokens and its syntax trees (one per statement); raises sqlglot's
+    TokenError or ParseError."""
+    reader = _dialect(dialect)
+    tokens = reader.tokenize(sql)
+    trees = reader.parser().parse(tokens, sql)
+    return tokens, [
+        tree for tree in trees if tree is not None and not isinstance(tree, exp.Semicolon)
+    ]
 
 
-def selected_columns(sql: str) -> list[str] | None:
-    """Output names of the top-level SELECT list (`expr as alias` -> alias), or None when a
-    column cannot be named (e.g. `*` or an unaliased expression)."""
-    masked = _masked(sql, strings=True)  # for keywords, commas and parentheses
-    code = _masked(sql, strings=False)  # for names, which may be "quoted"
-    lowered = masked.lower()
-    depth = 0
-    select_at = from_at = -1
-    for match in re.finditer(r"\(|\)|\bselect\b|\bfrom\b", lowered):
-        token = match.group(0)
-        if token == "(":
-            depth += 1
-        elif token == ")":
-            depth -= 1
-        elif depth == 0 and token == "select" and select_at < 0:
-            select_at = match.end()
-        elif depth == 0 and token == "from" and select_at >= 0:
-            from_at = match.start()
-            break
-    if select_at < 0 or from_at < 0:
+def _statement(sql: str, dialect: str | None) -> tuple[list[Token], exp.Expr] | None:
+    """The tokens and tree of the one statement in sql, or None if it is not one statement."""
+    try:
+        tokens, trees = _parse(sql, dialect)
+    except (TokenError, ParseError):
         return None
-    distinct = re.match(r"\s*distinct\b", lowered[select_at:from_at])
-    if distinct:
-        select_at += distinct.end()
+    return (tokens, trees[0]) if len(trees) == 1 else None
+
+
+def read_statement(sql: str, dialect: str, where: str) -> SqlStatement:
+    """The statement read in `dialect`; a DefinitionError naming `where` if it cannot be."""
+    try:
+        tokens, trees = _parse(sql, dialect)
+    except ParseError as error:
+        first = error.errors[0] if error.errors else {}
+        near = f" near {first['highlight']!r}" if first.get("highlight") else ""
+        description = first.get("description", str(error))
+        reason = f"{description}{near} at line {first.get('line')}, column {first.get('col')}"
+        raise DefinitionError(
+            f"{where}: cannot parse the statement as {dialect} SQL ({reason}); fix the SQL so "
+            "that it is one statement the source's database accepts"
+        ) from None
+    except TokenError as error:
+        reason = str(error.__cause__ or error).splitlines()[0]
+        raise DefinitionError(
+            f"{where}: cannot read the statement as {dialect} SQL ({reason}); close the quote, "
+            "quoted name or comment left open"
+        ) from None
+    if len(trees) != 1:
+        raise DefinitionError(f"{where}: the file holds {len(trees)} statements; keep one SELECT")
+    return SqlStatement(_split(sql, tokens), _columns(trees[0]))
+
+
+def selected_columns(sql: str, dialect: str | None = None) -> list[str] | None:
+    """Output names of the top-level SELECT list (`expr as alias` -> alias), or None when a
+    column cannot be named (e.g. `*` or an unaliased expression).
+
+    >>> selected_columns("select c.id, level as tier from customers c")
+    ['id', 'tier']
+    """
+    read = _statement(sql, dialect)
+    return None if read is None else _columns(read[1])
+
+
+def _columns(tree: exp.Expr) -> list[str] | None:
+    if not isinstance(tree, exp.Query):
+        return None
+    select: exp.Expr = tree
+    while isinstance(select, exp.SetOperation):  # the first SELECT names a union's columns
+        select = select.this
+    if not isinstance(select, exp.Select) or select.args.get("from_") is None:
+        return None
     columns = []
-    for begin, finish in _top_level_items(masked, select_at, from_at):
-        item = code[begin:finish].strip()
-        alias = re.search(r"\bas\s+\"?([A-Za-z_]\w*)\"?\s*$", item, flags=re.IGNORECASE)
-        if alias and re.search(r"\bas\s+\S+\s*$", masked[begin:finish], flags=re.IGNORECASE):
-            columns.append(alias.group(1))
-        elif re.fullmatch(r"(?:[A-Za-z_]\w*\.)?\"?([A-Za-z_]\w*)\"?", item):
-            columns.append(item.split(".")[-1].strip('"'))
+    for item in select.expressions:
+        if isinstance(item, exp.Alias):
+            name = item.alias
+        elif isinstance(item, exp.Column) and not isinstance(item.this, exp.Star):
+            name = item.name
         else:
             return None
+        if not _IDENT.fullmatch(name):
+            return None
+        columns.append(name)
     return columns
-
-
-def _top_level_items(masked: str, start: int, end: int) -> list[tuple[int, int]]:
-    """Spans of the comma-separated items between start and end, outside parentheses."""
-    spans = []
-    depth = 0
-    begin = start
-    for index in range(start, end):
-        ch = masked[index]
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            spans.append((begin, index))
-            begin = index + 1
-    spans.append((begin, end))
-    return spans
 
 
 class SqlResolver:
@@ -242,9 +246,8 @@ class SqlResolver:
         self.timeout = timeout
         self.path = path
         self.line = line
-        self.text = split_parameters(sql)
-        self.columns = selected_columns(sql)
         self.version = hashlib.sha256(sql.encode()).hexdigest()[:12]
+        self._statements: dict[str, SqlStatement] = {}
 
     @property
     def where(self) -> str:
@@ -252,6 +255,14 @@ class SqlResolver:
 
     def __repr__(self) -> str:
         return f"<{self.kind} sql resolver {self.name}>"
+
+    def read(self, dialect: str) -> SqlStatement:
+        """The statement as `dialect` reads it (read once per dialect); a DefinitionError
+        naming the file and the fix where sqlglot cannot parse it."""
+        if dialect not in self._statements:
+            where = f"sql resolver {self.name!r} ({self.where})"
+            self._statements[dialect] = read_statement(self.sql, dialect, where)
+        return self._statements[dialect]
 
     @classmethod
     def from_file(cls, path: Path) -> SqlResolver:
@@ -315,6 +326,7 @@ class SqlRunner:
         self.plan = plan
         self.source = source
         self.percent = getattr(source, "escape_percent", False)
+        self.text = plan.resolver.read(source.dialect).text
 
     async def run(
         self, calls: list[list[Any]], results: list[tuple[bool, Any] | None], pool: Any
@@ -370,7 +382,7 @@ class SqlRunner:
         """Each call's rows from one statement per MAX_LATERAL calls; None where the
         arguments have no common SQL type or the database refuses the form (the caller then
         runs one statement per call, which reports any real error)."""
-        text = self.plan.resolver.text
+        text = self.text
         names = list(dict.fromkeys(text.params))
         types = _argument_types(self.source.dialect, names, self.plan.params, calls)
         if types is None:
@@ -387,7 +399,7 @@ class SqlRunner:
     async def fetch_lateral(
         self, calls: list[list[Any]], types: Mapping[str, str]
     ) -> list[list[dict[str, Any]]]:
-        text = self.plan.resolver.text
+        text = self.text
         names = list(types)
         counter = 0
 
@@ -442,7 +454,7 @@ class SqlRunner:
 
     async def fetch_one(self, call: list[Any]) -> list[dict[str, Any]]:
         values = dict(zip(self.plan.params, call, strict=True))
-        text = self.plan.resolver.text
+        text = self.text
         sql = text.render(self.source.placeholder, self.percent)
         return await self.fetch(sql, [values[name] for name in text.params])
 
@@ -518,38 +530,119 @@ def _norm(key: Any) -> Any:
     return None if key is None else str(key)
 
 
-_WHOLE_RESULT = re.compile(
-    r"\b(limit|offset|fetch|group\s+by|having|distinct|union|intersect|except|over|window|"
-    r"count|sum|avg|min|max|array_agg|string_agg|group_concat|bool_and|bool_or)\b",
-    re.IGNORECASE,
-)
+def _acts_on_many_rows(node: exp.Expr) -> bool:
+    """An aggregate or window: its value comes from several rows."""
+    if isinstance(node, exp.AggFunc | exp.Window | exp.WithinGroup | exp.Filter):
+        return True
+    # Aggregates sqlglot has no class for (jsonb_agg, every) are read as unknown functions.
+    name = node.name.lower() if isinstance(node, exp.Anonymous) else ""
+    return name.endswith("agg") or name == "every"
 
 
-def per_key(sql: str) -> bool:
+def _keeps_rows(select: exp.Select) -> bool:
+    """Whether each row of this SELECT comes from one row of its FROM, alone: no aggregate,
+    window, DISTINCT, GROUP BY, LIMIT... in its own scope (a subquery is a scope of its own)."""
+    if any(select.args.get(clause) for clause in _WHOLE_RESULT_CLAUSES):
+        return False
+    nested = exp.Query
+    scope = select.walk(prune=lambda node: node is not select and isinstance(node, nested))
+    return not any(_acts_on_many_rows(node) for node in scope if not isinstance(node, nested))
+
+
+def per_key(sql: str, dialect: str | None = None) -> bool:
     """Whether each result row depends on its own key only, so `= :key` may become `IN (...)`.
 
     LIMIT, aggregates, DISTINCT, window functions and set operations act on the whole result:
-    pushing a batch of keys into them would mix the keys' answers.
+    pushing a batch of keys into them would mix the keys' answers. This judges the outermost
+    SELECT; a subquery is judged on its own, where the key comparison stands (batch_text):
+    `(select max(amount) from orders o where o.customer_id = c.id)` is evaluated per row.
+
+    >>> per_key("select id, name from t where id = :id"), per_key("select count(*) from t")
+    (True, False)
     """
-    return _WHOLE_RESULT.search(_masked(sql, strings=True)) is None
+    read = _statement(sql, dialect)
+    return read is not None and isinstance(read[1], exp.Select) and _keeps_rows(read[1])
 
 
-def batch_text(text: SqlText, key_param: str) -> tuple[SqlText, str] | None:
-    """Rewrite the one `col = :key` comparison into `col IN (:__keys__)`."""
-    if not per_key("".join(text.parts)):
-        return None
+def _key_filters_rows(compare: exp.EQ) -> bool:
+    """Whether `col = :key` filters the rows of the statement's result, one by one: a
+    conjunct of a WHERE whose SELECT keeps rows, read by its outer SELECTs only as a FROM
+    (a derived table, or a CTE read once) of SELECTs that keep rows too."""
+    node = compare.parent
+    while isinstance(node, exp.And | exp.Paren):
+        node = node.parent
+    if not isinstance(node, exp.Where) or not isinstance(node.parent, exp.Select):
+        return False
+    select: exp.Expr | None = node.parent
+    while isinstance(select, exp.Select) and _keeps_rows(select):
+        holder = select.parent
+        if holder is None:
+            return True
+        if isinstance(holder, exp.Subquery) and isinstance(holder.parent, exp.From):
+            select = holder.parent.parent
+        elif isinstance(holder, exp.CTE) and isinstance(holder.parent, exp.With):
+            owner = holder.parent.parent
+            reads = [
+                table
+                for table in (owner.find_all(exp.Table) if owner is not None else ())
+                if table.name == holder.alias and not table.db
+            ]
+            if len(reads) != 1 or not isinstance(reads[0].parent, exp.From):
+                return False
+            select = reads[0].parent.parent
+        else:
+            return False
+    return False
+
+
+def batch_text(
+    text: SqlText, key_param: str, dialect: str | None = None
+) -> tuple[SqlText, str] | None:
+    """Rewrite the one `col = :key` comparison into `col IN (:__keys__)`, or None where the
+    rewrite would change an entity's rows (see per_key and _key_filters_rows).
+
+    The text is edited where the comparison stands, the rest left as written.
+
+    >>> found = batch_text(split_parameters("select id from t where id = :id"), "id")
+    >>> found[0].render(lambda i: "?"), found[1]
+    ('select id from t where id IN (?)', 'id')
+    """
     hits = [i for i, p in enumerate(text.params) if p == key_param]
     if len(hits) != 1:
         return None
-    index = hits[0]
-    before = text.parts[index]
-    match = re.search(r"([A-Za-z_][\w.\"]*)\s*=\s*$", before)
-    if match is None:
+    sql = text.sql
+    read = _statement(sql, dialect)
+    if read is None:
         return None
-    column = match.group(1).split(".")[-1].strip('"')
+    tokens, tree = read
+    placeholders = [p for p in tree.find_all(exp.Placeholder) if p.this == key_param]
+    compare = placeholders[0].parent if len(placeholders) == 1 else None
+    if not isinstance(compare, exp.EQ) or compare.expression is not placeholders[0]:
+        return None
+    column = compare.this
+    if not isinstance(column, exp.Column) or isinstance(column.this, exp.Star):
+        return None
+    # Where the comparison stands: `col`, then `=` and `:key` with nothing but spaces between.
+    index = hits[0]
+    start = len(SqlText(text.parts[: index + 1], text.params[:index]).sql)  # where `:key` is
+    part_start = start - len(text.parts[index])
+    at = next((i for i, token in enumerate(tokens) if token.start == start), 0)
+    if at < 2:
+        return None
+    equals, last = tokens[at - 1], tokens[at - 2]
+    column_start = column.parts[0].meta.get("start")
+    if (
+        equals.token_type is not TokenType.EQ
+        or last.end != column.parts[-1].meta.get("end")
+        or column_start is None
+        or sql[last.end + 1 : equals.start].strip()
+        or sql[equals.end + 1 : start].strip()
+        or not _key_filters_rows(compare)
+    ):
+        return None
     parts = list(text.parts)
-    parts[index] = before[: match.start()] + f"{match.group(1)} IN ("
+    parts[index] = sql[part_start:column_start] + sql[column_start : last.end + 1] + " IN ("
     parts[index + 1] = ")" + parts[index + 1]
     params = list(text.params)
     params[index] = "__keys__"
-    return SqlText(tuple(parts), tuple(params)), column
+    return SqlText(tuple(parts), tuple(params)), column.name
