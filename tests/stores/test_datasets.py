@@ -219,16 +219,16 @@ def test_fingerprint_is_stable_and_follows_resolver_code() -> None:
     first = kr.Client(definitions=[Acct, score])
     second = kr.Client(definitions=[Acct, score])
     try:
-        fingerprint = definitions_fingerprint(first)
+        fingerprint = definitions_fingerprint(first.graph, first.resolvers)
         assert len(fingerprint) == 16 and int(fingerprint, 16) >= 0
-        assert definitions_fingerprint(second) == fingerprint
+        assert definitions_fingerprint(second.graph, second.resolvers) == fingerprint
     finally:
         first.close()
         second.close()
 
     changed = kr.Client(definitions=[Acct, rewritten_score()])
     try:
-        assert definitions_fingerprint(changed) != fingerprint
+        assert definitions_fingerprint(changed.graph, changed.resolvers) != fingerprint
     finally:
         changed.close()
 
@@ -238,7 +238,7 @@ def test_fingerprint_is_stable_and_follows_resolver_code() -> None:
         "from kairos.client.fingerprint import definitions_fingerprint\n"
         "from tests.stores.test_datasets import Acct, score\n"
         "c = kr.Client(definitions=[Acct, score])\n"
-        "print(definitions_fingerprint(c))\n"
+        "print(definitions_fingerprint(c.graph, c.resolvers))\n"
         "c.close()\n"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

@@ -11,17 +11,16 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kairos.client.offline import offline_query
+from kairos.client.runtime import Runtime
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.types import ValueType
 from kairos.engine.execution import FUTURE_SKEW
 from kairos.engine.values import to_utc
 from kairos.errors import InvalidInput, KairosError
 from kairos.stores.online import StoredValue
-
-if TYPE_CHECKING:
-    from kairos.client.client import Client
 
 ANY = ValueType("any", True)
 Progress = Callable[[int, int], None]  # (rows done, rows in all)
@@ -51,7 +50,7 @@ def time_grid(start: datetime, end: datetime, every: timedelta) -> list[datetime
 
 
 async def materialize(
-    client: Client,
+    runtime: Runtime,
     *,
     keys: Sequence[Any],
     start: datetime,
@@ -62,10 +61,10 @@ async def materialize(
     chunk: int = 5000,
     progress: Progress | None = None,
 ) -> BackfillReport:
-    names = [client.name(f) for f in features]
+    names = [runtime.name(f) for f in features]
     if not names:
         raise InvalidInput("name at least one feature to backfill", field="features")
-    refs = [client.graph.ref(n) for n in names]
+    refs = [runtime.graph.ref(n) for n in names]
     roots = {ref.root for ref in refs}
     if len(roots) != 1 or any(ref.path for ref in refs):
         raise InvalidInput(
@@ -73,12 +72,12 @@ async def materialize(
             field="features",
         )
     root = roots.pop()
-    info = client.graph.cls(root)
+    info = runtime.graph.cls(root)
     key_name = f"{root}.{info.primary}"
     key_type = info.features[info.primary].type or ANY
-    types = {n: client.graph.info(r).type or ANY for n, r in zip(names, refs, strict=True)}
+    types = {n: runtime.graph.info(r).type or ANY for n, r in zip(names, refs, strict=True)}
     times = time_grid(start, end, parse_duration(every, field="every"))
-    if client.offline_writer is None:
+    if runtime.offline.writer is None:
         raise KairosError(
             "this client keeps no offline store to backfill into; set offline_store in "
             "kairos.yaml (e.g. duckdb:///.kairos/offline.duckdb)"
@@ -87,16 +86,16 @@ async def materialize(
     total = len(spine)
     written = errors = 0
     latest: dict[tuple[Any, str], StoredValue] = {}
-    store = client.offline_store()
+    store = runtime.offline.store()
     horizon = datetime.now(UTC) + FUTURE_SKEW
     for begin in range(0, total, chunk):
         part = spine[begin : begin + chunk]
-        result = await client.offline_query_async(
-            {key_name: [k for k, _ in part], "ts": [t for _, t in part]}, names
+        result = await offline_query(
+            runtime, {key_name: [k for k, _ in part], "ts": [t for _, t in part]}, names
         )
         errors += len(result.errors)
         failed = {(e.row, e.feature) for e in result.errors}
-        stored_as = {name: client.graph.info(client.graph.ref(name)).name for name in names}
+        stored_as = {name: runtime.graph.info(runtime.graph.ref(name)).name for name in names}
         columns = {name: result.column(name) for name in names}
         # rows where every feature has its value are written together (one table, read back
         # in one join); a row with a failed value keeps only the values that did not fail
@@ -133,5 +132,5 @@ async def materialize(
     if online and latest:
         # The store keeps the newest observed_at: a backfill never replaces a newer value,
         # and nothing stamped in the future reaches it.
-        await client.store.put([((root, key, f), v) for (key, f), v in latest.items()])
+        await runtime.store.put([((root, key, f), v) for (key, f), v in latest.items()])
     return BackfillReport(total, written, len(latest) if online else 0, errors)

@@ -14,18 +14,19 @@ from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from kairos.client.backfill import BackfillReport, Progress, materialize
 from kairos.client.config import Config
 from kairos.client.events import event_class, foreign_keys, persist, stored_events, typed_events
+from kairos.client.fingerprint import definitions_fingerprint
 from kairos.client.inputs import check_inputs
 from kairos.client.llm import GatewayCompleter
 from kairos.client.models import Models
 from kairos.client.offline import Datasets, OfflineResult, offline_query
 from kairos.client.project import Project
+from kairos.client.runtime import FeatureNames, OfflineHistory, Runtime, plan_with
 from kairos.definitions.durations import DurationLike, parse_duration
-from kairos.definitions.feature import Feature
 from kairos.definitions.graph import Graph
 from kairos.definitions.windows import indexed_window
 from kairos.engine.execution import Engine
@@ -33,13 +34,15 @@ from kairos.engine.result import BulkResult, FeatureValue, NodeTiming, QueryMeta
 from kairos.engine.values import to_utc
 from kairos.engine.windows import WindowIndex
 from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError
+from kairos.gateway import Gateway
 from kairos.planner.plan import Plan
 from kairos.planner.planner import Planner
 from kairos.resolvers.llm import LLM_CALLS, llm_resolvers
+from kairos.resolvers.model import ModelResolver
 from kairos.resolvers.registry import ResolverSet
 from kairos.sources import source_from_config
 from kairos.stores.datasets import DatasetStore
-from kairos.stores.offline import OfflineStore, offline_store_from_url
+from kairos.stores.offline import OfflineStore
 from kairos.stores.offline.writer import OfflineWriter
 from kairos.stores.online import OnlineStore, online_store_from_url
 from kairos.stores.query_log import (
@@ -49,9 +52,6 @@ from kairos.stores.query_log import (
     QueryLog,
     query_log_from_url,
 )
-
-if TYPE_CHECKING:
-    from kairos.gateway import Gateway
 
 T = TypeVar("T")
 
@@ -104,7 +104,7 @@ class Client:
             name: source_from_config(name, spec, base) for name, spec in self.config.sources.items()
         }
         # `kr.predict` features become resolvers pinned to the model versions they resolve to.
-        self.models = Models(self)
+        self.models = Models(self.config.models, base, self.graph, self._bind_models)
         # `kr.completion` / `kr.embedding` features call the gateway, in process
         self.llm = GatewayCompleter(
             self.config.base_dir,
@@ -113,42 +113,35 @@ class Client:
             self.config.llm.tokenizers,
             self.config.llm.context,
         )
-        self.declared_resolvers = (
-            *self.project.resolvers,
-            *llm_resolvers(self.graph, lambda: self.llm),
-        )
-        self.resolvers = ResolverSet.build(
-            self.graph, (*self.declared_resolvers, *self.models.resolvers()), self.sources
-        )
+        declared = (*self.project.resolvers, *llm_resolvers(self.graph, lambda: self.llm))
         timeout = (
             self.config.resolver_timeout
             if default_timeout is None
             else parse_duration(default_timeout, field="default_timeout")
         )
-        self.planner = Planner(self.graph, self.resolvers, default_timeout=timeout)
+        planner = plan_with(self.graph, declared, self.models.resolvers(), self.sources, timeout)
         # Backends that start threads come last, each closed again if a later one fails.
         log = self.config.query_log if query_log is None else query_log
         self.log: QueryLog = query_log_from_url(log) if isinstance(log, str) else log
         self._logging = not isinstance(self.log, NullQueryLog)
         store = self.config.online_store if online_store is None else online_store
         try:
-            self.store = online_store_from_url(store) if isinstance(store, str) else store
+            online = online_store_from_url(store) if isinstance(store, str) else store
         except BaseException:
             self.log.close()
             raise
         offline = self.config.offline_store if offline_store is None else offline_store
-        self._offline: OfflineStore | None = None if isinstance(offline, str) else offline
-        self._offline_url = offline if isinstance(offline, str) else None
-        self._offline_lock = threading.Lock()
-        keeps_history = offline != "none://"
-        self.offline_writer = OfflineWriter(self.offline_store) if keeps_history else None
+        history = OfflineHistory(offline)
         folder_for_data = self.config.base_dir or Path.cwd()
-        self.datasets = Datasets(self, DatasetStore(folder_for_data / ".kairos" / "datasets"))
+        self.datasets = Datasets(
+            DatasetStore(folder_for_data / ".kairos" / "datasets"),
+            lambda: definitions_fingerprint(self.graph, self.resolvers),
+        )
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="kairos-resolver"
         )
         self.windows = WindowIndex(
-            (lambda: stored_events(self.graph, self.offline_store)) if keeps_history else None
+            (lambda: stored_events(self.graph, history.store)) if history.kept else None
         )
         for namespace, info in self.graph.classes.items():
             for name in info.features:
@@ -157,14 +150,23 @@ class Client:
                     self.windows.register(
                         (namespace, name), indexed.child, indexed.fk, indexed.spec
                     )
-        self.engine = Engine(
+        engine = Engine(
             self.graph,
-            self.store,
+            online,
             self._pool,
-            observe=self.offline_writer is not None,
+            observe=history.writer is not None,
             windows=self.windows,
         )
-        self._names: dict[str, str] = {}
+        self._runtime = Runtime(
+            self.graph,
+            FeatureNames(self.graph),
+            declared,
+            self.sources,
+            planner,
+            engine,
+            online,
+            history,
+        )
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
@@ -173,33 +175,54 @@ class Client:
         self._id_prefix = uuid.uuid4().hex[:16]
         self._id_counter = itertools.count(1)
 
+    def _bind_models(self, models: list[ModelResolver]) -> None:
+        """Plan with these `kr.predict` resolvers from now on: the one place the runtime
+        changes."""
+        self._runtime = self._runtime.rebound(models)
+
+    # --- what queries run on (read-only; rebinding models swaps the runtime whole) -----
+
+    @property
+    def runtime(self) -> Runtime:
+        return self._runtime
+
+    @property
+    def resolvers(self) -> ResolverSet:
+        return self._runtime.resolvers
+
+    @property
+    def planner(self) -> Planner:
+        return self._runtime.planner
+
+    @property
+    def engine(self) -> Engine:
+        return self._runtime.engine
+
+    @property
+    def store(self) -> OnlineStore:
+        """The online store."""
+        return self._runtime.store
+
+    @property
+    def offline_writer(self) -> OfflineWriter | None:
+        """What keeps online values in the offline store (None with `none://`)."""
+        return self._runtime.offline.writer
+
+    @property
+    def declared_resolvers(self) -> tuple[Any, ...]:
+        """The project's resolvers and its LLM features' (not the `kr.predict` ones)."""
+        return self._runtime.declared
+
     def offline_store(self) -> OfflineStore:
         """The offline store, opened on first use (DuckDB lets one process hold its file)."""
-        with self._offline_lock:
-            if self._offline is None:
-                if self._offline_url is None or self._offline_url == "none://":
-                    raise KairosError(
-                        "this client keeps no offline store; set offline_store in kairos.yaml "
-                        "(e.g. duckdb:///.kairos/offline.duckdb) or pass offline_store="
-                    )
-                self._offline = offline_store_from_url(self._offline_url)
-            return self._offline
+        return self._runtime.offline.store()
 
     # --- names --------------------------------------------------------------------------
 
     def name(self, feature: Any) -> str:
         """The canonical name of a feature ref or string: `User.txn_count["24h"]` ->
         "user.txn_count[1d]"."""
-        if isinstance(feature, Feature):
-            return feature.fqn
-        if isinstance(feature, str):
-            found = self._names.get(feature)
-            if found is None:
-                found = self.graph.ref(feature).fqn
-                if len(self._names) < 65536:
-                    self._names[feature] = found
-            return found
-        return self.graph.ref(feature).fqn
+        return self._runtime.name(feature)
 
     # --- planning -----------------------------------------------------------------------
 
@@ -299,7 +322,7 @@ class Client:
         >>> client.offline_query(spine, [User.risk]).to_pandas()  # doctest: +SKIP
         """
         return self._sync(
-            offline_query(self, spine, output, timestamp=timestamp, recompute=recompute)
+            offline_query(self._runtime, spine, output, timestamp=timestamp, recompute=recompute)
         )
 
     async def offline_query_async(
@@ -310,7 +333,9 @@ class Client:
         timestamp: str = "ts",
         recompute: bool | Sequence[Any] = True,
     ) -> OfflineResult:
-        return await offline_query(self, spine, output, timestamp=timestamp, recompute=recompute)
+        return await offline_query(
+            self._runtime, spine, output, timestamp=timestamp, recompute=recompute
+        )
 
     def write_events(self, events_of: Any, rows: Sequence[Mapping[str, Any]]) -> int:
         """Add rows of an `@features(events=True)` class; windowed aggregates over them are
@@ -358,7 +383,7 @@ class Client:
         offline store (and, with `online`, each key's latest values into the online store)."""
         return self._sync(
             materialize(
-                self,
+                self._runtime,
                 keys=keys,
                 start=start,
                 end=end,
@@ -418,7 +443,8 @@ class Client:
         if query_id is not None:
             await self._check_query_id(query_id)
         when = _now(now)
-        plan = self.planner.plan(columns, [self.name(o) for o in output])
+        runtime = self._runtime  # one planner and engine for the whole query
+        plan = runtime.planner.plan(columns, [runtime.name(o) for o in output])
         check_inputs(
             self.graph,
             columns,
@@ -430,7 +456,7 @@ class Client:
         calls: list[dict[str, Any]] = []
         token = LLM_CALLS.set(calls)  # LLM resolvers report their tokens and timings here
         try:
-            outcome = await self.engine.run(plan, columns, rows, when, limits)
+            outcome = await runtime.engine.run(plan, columns, rows, when, limits)
         finally:
             LLM_CALLS.reset(token)
         total = (time.perf_counter() - started) * 1000
@@ -445,8 +471,9 @@ class Client:
             tuple(_whole_path(call, started, total) for call in calls),
         )
         result = BulkResult(outcome.columns, meta, trace, self.name)
-        if self.offline_writer is not None and outcome.observed:
-            self.offline_writer.add(outcome.observed)
+        writer = runtime.offline.writer
+        if writer is not None and outcome.observed:
+            writer.add(outcome.observed)
         if self._logging:
             self._log(plan, columns, result)
         return result
@@ -558,10 +585,7 @@ class Client:
             return
         self._closed = True
         await asyncio.to_thread(self.log.close)
-        if self.offline_writer is not None:
-            await asyncio.to_thread(self.offline_writer.close)
-        if self._offline is not None:
-            await asyncio.to_thread(self._offline.close)
+        await asyncio.to_thread(self._runtime.offline.close)
         for source in self.sources.values():
             await source.close()
         await self.store.close()

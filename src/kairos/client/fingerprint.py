@@ -1,6 +1,6 @@
 """A short, stable hash of a client's definitions, so a saved dataset says which code made it.
 
-    >>> definitions_fingerprint(client)  # doctest: +SKIP
+    >>> definitions_fingerprint(client.graph, client.resolvers)  # doctest: +SKIP
     '3f9a0c51d2e8b7a4'
 
 It covers every feature (namespace, name, kind, type, expression, window, staleness, keys and
@@ -13,27 +13,23 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from kairos.client.client import Client
-    from kairos.definitions.graph import FeatureInfo
-    from kairos.resolvers.registry import BoundResolver
+from kairos.definitions.graph import FeatureInfo, Graph
+from kairos.resolvers.registry import BoundResolver, ResolverSet
 
 FINGERPRINT_LENGTH = 16
 
 
-def definitions_fingerprint(client: Client) -> str:
-    """16 hex digits of sha256 over the client's feature classes and bound resolvers."""
+def definitions_fingerprint(graph: Graph, resolvers: ResolverSet) -> str:
+    """16 hex digits of sha256 over the graph's feature classes and the bound resolvers."""
     digest = hashlib.sha256()
-    for namespace in sorted(client.graph.classes):
-        info = client.graph.classes[namespace]
+    for namespace in sorted(graph.classes):
+        info = graph.classes[namespace]
         digest.update(_line(["class", namespace, info.primary, info.feature_time]))
         for name in sorted(info.features):
             digest.update(_line(_feature(info.features[name])))
-    for resolver in sorted(
-        (_resolver(bound) for bound in client.resolvers.resolvers), key=json.dumps
-    ):
+    for resolver in sorted((_resolver(bound) for bound in resolvers.resolvers), key=json.dumps):
         digest.update(_line(resolver))
     return digest.hexdigest()[:FINGERPRINT_LENGTH]
 

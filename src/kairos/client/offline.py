@@ -17,24 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kairos.client.fingerprint import definitions_fingerprint
 from kairos.client.inputs import check_inputs
+from kairos.client.runtime import Runtime
 from kairos.engine.result import FeatureError
 from kairos.engine.values import to_utc
 from kairos.errors import InvalidInput, InvalidValue, KairosError
 from kairos.stores.datasets import Dataset, DatasetStore, DatasetVersion
 from kairos.stores.offline import readable
-
-if TYPE_CHECKING:
-    from kairos.client.client import Client
 
 
 @dataclass
@@ -84,7 +81,7 @@ def spine_columns(spine: Any) -> dict[str, list[Any]]:
 
 
 async def offline_query(
-    client: Client,
+    runtime: Runtime,
     spine: Any,
     output: Sequence[Any],
     *,
@@ -92,7 +89,7 @@ async def offline_query(
     recompute: bool | Sequence[Any] = True,
 ) -> OfflineResult:
     if recompute is False:
-        return await asyncio.to_thread(_stored_query, client, spine, output, timestamp)
+        return await asyncio.to_thread(_stored_query, runtime, spine, output, timestamp)
     columns = spine_columns(spine)
     if timestamp not in columns:
         raise InvalidInput(
@@ -115,12 +112,12 @@ async def offline_query(
             row_times.append(to_utc(value))
         except InvalidValue as error:
             raise InvalidInput(f"spine row {index}: {error}", field=timestamp) from None
-    inputs = {client.name(name): values for name, values in columns.items()}
-    names = [client.name(o) for o in output]
+    inputs = {runtime.name(name): values for name, values in columns.items()}
+    names = [runtime.name(o) for o in output]
     if recompute is True:
         computed = names
     else:
-        computed = [client.name(f) for f in recompute]
+        computed = [runtime.name(f) for f in recompute]
         unknown = sorted(set(computed) - set(names))
         if unknown:
             raise InvalidInput(
@@ -128,9 +125,9 @@ async def offline_query(
                 field="recompute",
             )
     stored = [name for name in names if name not in computed]
-    root = client.graph.ref(names[0]).root if names else ""
+    root = runtime.graph.ref(names[0]).root if names else ""
     check_inputs(
-        client.graph,
+        runtime.graph,
         inputs,
         lambda row: row_times[row],
         nulls=True,  # a null key: that row's features are null
@@ -139,14 +136,14 @@ async def offline_query(
     table: dict[str, Any] = {timestamp: row_times, **{n: list(v) for n, v in columns.items()}}
     errors: list[FeatureError] = []
     if computed:
-        plan = client.planner.plan(list(inputs), computed, mode="offline")
+        plan = runtime.planner.plan(list(inputs), computed, mode="offline")
         now = max(row_times) if row_times else datetime.now().astimezone()
-        outcome = await client.engine.run(plan, inputs, rows, now, {}, row_times=row_times)
+        outcome = await runtime.engine.run(plan, inputs, rows, now, {}, row_times=row_times)
         table.update({name: outcome.columns[name].values for name in computed})
         errors = [e for col in outcome.columns.values() for e in col.errors if e is not None]
     if stored:
         from_store = await asyncio.to_thread(
-            _stored_values, client, root, inputs, stored, row_times
+            _stored_values, runtime, root, inputs, stored, row_times
         )
         table.update(from_store)
     table = {
@@ -185,7 +182,7 @@ def arrow_spine(spine: Any) -> pa.Table:
 
 
 def _stored_query(
-    client: Client, spine: Any, output: Sequence[Any], timestamp: str
+    runtime: Runtime, spine: Any, output: Sequence[Any], timestamp: str
 ) -> OfflineResult:
     """`recompute=False`: every output read as of each row, columnar end to end (a million
     spine rows never become Python objects, except values of list/dict features)."""
@@ -205,19 +202,19 @@ def _stored_query(
         )
     if times.type.tz is None:  # naive times are UTC, as everywhere in kairos
         times = pc.assume_timezone(times, "UTC")
-    names = [client.name(o) for o in output]
+    names = [runtime.name(o) for o in output]
     if not names:
         raise InvalidInput("name at least one output", field="outputs")
-    root = client.graph.ref(names[0]).root
-    others = sorted({client.graph.ref(n).root for n in names} - {root})
+    root = runtime.graph.ref(names[0]).root
+    others = sorted({runtime.graph.ref(n).root for n in names} - {root})
     if others:
         raise InvalidInput(
             f"outputs start from several classes ({root}, {', '.join(others)}); an offline query "
             f"is about one entity: reach the others through relations",
             field="outputs",
         )
-    inputs = {client.name(n): table.column(n) for n in table.column_names if n != timestamp}
-    found = _stored_values(client, root, inputs, names, times)
+    inputs = {runtime.name(n): table.column(n) for n in table.column_names if n != timestamp}
+    found = _stored_values(runtime, root, inputs, names, times)
     for name in names:
         value = found[name]
         table = table.append_column(
@@ -245,7 +242,7 @@ def _parse_times(texts: list[Any], timestamp: str) -> list[datetime | None]:
 
 
 def _stored_values(
-    client: Client,
+    runtime: Runtime,
     root: str,
     inputs: dict[str, Any],
     names: list[str],
@@ -253,10 +250,10 @@ def _stored_values(
 ) -> dict[str, Any]:
     """As-of reads from the offline store: per row, the latest value at or before its time,
     following has-one relations hop by hop (the foreign key as of then, then its target)."""
-    if client.offline_writer is not None:
-        client.offline_writer.flush()  # what online queries computed so far counts too
-    store = client.offline_store()
-    primary = f"{root}.{client.graph.cls(root).primary}"
+    if runtime.offline.writer is not None:
+        runtime.offline.writer.flush()  # what online queries computed so far counts too
+    store = runtime.offline.store()
+    primary = f"{root}.{runtime.graph.cls(root).primary}"
     if primary not in inputs:
         raise InvalidInput(
             f"reading stored values needs the spine's {primary!r} column", field=primary
@@ -265,21 +262,21 @@ def _stored_values(
     reached: dict[tuple[str, ...], tuple[str, Any]] = {(): (root, inputs[primary])}
     wanted: dict[tuple[str, ...], dict[str, str]] = {}  # path -> output name -> feature
     for name in names:
-        ref = client.graph.ref(name)
+        ref = runtime.graph.ref(name)
         for depth in range(1, len(ref.path) + 1):
             path = tuple(ref.path[:depth])
             if path in reached:
                 continue
             namespace, keys = reached[path[:-1]]
-            relation = client.graph.feature(namespace, path[-1])
+            relation = runtime.graph.feature(namespace, path[-1])
             if relation.join_key is None or relation.target is None:  # pragma: no cover
                 raise InvalidInput(f"{name!r}: {namespace}.{path[-1]} is not a has-one relation")
             reached[path] = (relation.target, store.asof(namespace, relation.join_key, keys, times))
-        wanted.setdefault(tuple(ref.path), {})[name] = client.graph.walk(ref)[1].name
+        wanted.setdefault(tuple(ref.path), {})[name] = runtime.graph.walk(ref)[1].name
     found: dict[str, Any] = {}
     for path, outputs in wanted.items():
         namespace, keys = reached[path]
-        ttls = {f: client.graph.feature(namespace, f).ttl for f in outputs.values()}
+        ttls = {f: runtime.graph.feature(namespace, f).ttl for f in outputs.values()}
         arrays = store.asof_many(namespace, list(outputs.values()), keys, times, ttls)
         for name, feature in outputs.items():
             found[name] = readable(arrays[feature], store.value_kind(namespace, feature))
@@ -293,9 +290,9 @@ class Datasets:
     >>> client.datasets.get("training").to_pandas()  # latest version  # doctest: +SKIP
     """
 
-    def __init__(self, client: Client, store: DatasetStore) -> None:
-        self._client = client
+    def __init__(self, store: DatasetStore, fingerprint: Callable[[], str]) -> None:
         self.store = store
+        self._fingerprint = fingerprint  # of the definitions a result is computed with now
 
     def save(self, name: str, result: OfflineResult) -> DatasetVersion:
         """Save an offline result with its query and the fingerprint of the definitions."""
@@ -303,7 +300,7 @@ class Datasets:
             name,
             result.table,
             query=result.query,
-            definitions_hash=definitions_fingerprint(self._client),
+            definitions_hash=self._fingerprint(),
         )
 
     def get(self, name: str, version: int | None = None) -> Dataset:
