@@ -54,7 +54,7 @@ async def chat_direct(url: str, name: str, tokens: int, repeats: int) -> tuple[f
     engine process with the same HTTP client the gateway uses (so what differs from the feature
     query below is kairos' own work), measured from the moment the request is sent."""
     from kairos.gateway.config import ProviderConfig
-    from kairos.gateway.providers import OpenAICompatible
+    from kairos.gateway.openai_compatible import OpenAICompatible
 
     engine = OpenAICompatible(ProviderConfig("engine", "openai", url + "/v1"))
     ttfts, rates = [], []

@@ -4,7 +4,8 @@ final when it ends). `Gateway._dispatch` runs one `Call` per request.
 
 A call takes the gateway itself, not a few of its parts: it uses the router, providers,
 accountant, budget shares, ledger, secrets, observers and the gateway's task bookkeeping
-(deferred settling that `drain()` waits for).
+(deferred settling that `drain()` waits for). `CallContext` names those parts, so this module
+need not import the gateway, which imports it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kairos.gateway import requests
 from kairos.gateway.accounting import (
+    Accountant,
     Hold,
     Settlement,
     check_bounded,
@@ -28,7 +30,7 @@ from kairos.gateway.accounting import (
     new_id,
     parts_bound,
 )
-from kairos.gateway.config import Deployment
+from kairos.gateway.config import Deployment, GatewayConfig
 from kairos.gateway.errors import (
     BudgetExceeded,
     GatewayError,
@@ -40,14 +42,14 @@ from kairos.gateway.errors import (
     UpstreamError,
 )
 from kairos.gateway.keys import KeyRecord
-from kairos.gateway.ledger import LedgerRow
+from kairos.gateway.ledger import LedgerRow, LedgerWriter
 from kairos.gateway.prices import Price
 from kairos.gateway.providers import Provider, Usage, openai_usage
 from kairos.gateway.responses import response_usage
+from kairos.gateway.router import Router
+from kairos.gateway.scrub import Secrets
+from kairos.gateway.shares import SharedCounters
 from kairos.gateway.streams import ResponseStream, Stream
-
-if TYPE_CHECKING:  # the gateway imports this module; a call only refers to its type
-    from kairos.gateway.gateway import Gateway
 
 _FREE = Price(0, 0)  # an unpriced model, for keys without a USD budget
 # the field a capped call's output limit goes in (chat: the provider's `token_field`)
@@ -69,12 +71,33 @@ def _outcome(error: UpstreamError) -> str:
     return "failed" if error.retryable or error.accepted else "neutral"
 
 
+class CallContext(Protocol):
+    """What a call uses of the gateway running it (`Gateway` is one)."""
+
+    config: GatewayConfig
+    router: Router
+    providers: dict[str, Provider]
+    accountant: Accountant
+    shares: SharedCounters
+    ledger: LedgerWriter
+    secrets: Secrets
+    observers: list[Callable[[LedgerRow], None]]
+
+    def _spawn(self, work: Awaitable[Any]) -> None: ...
+
+    def _after_answer(self, key_id: str, work: Coroutine[Any, Any, None]) -> None: ...
+
+    async def _deferred(self, key_id: str, work: Coroutine[Any, Any, None]) -> None: ...
+
+    def _track(self, task: asyncio.Future[Any]) -> None: ...
+
+
 class Call:
     """One request through the gateway: attempts in route order, each held and settled."""
 
     def __init__(
         self,
-        gateway: Gateway,
+        gateway: CallContext,
         key: KeyRecord,
         kind: str,
         route: str,

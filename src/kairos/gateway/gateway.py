@@ -27,10 +27,12 @@ from typing import Any
 
 from kairos.gateway import requests
 from kairos.gateway.accounting import PROCESS, Accountant
+from kairos.gateway.anthropic import AnthropicProvider
 from kairos.gateway.calls import Call
-from kairos.gateway.config import GatewayConfig
+from kairos.gateway.config import GatewayConfig, ProviderConfig
 from kairos.gateway.counters import Counters
 from kairos.gateway.errors import (
+    GatewayConfigError,
     GatewayError,
     InvalidRequest,
     ModelNotAllowed,
@@ -40,8 +42,9 @@ from kairos.gateway.errors import (
 from kairos.gateway.keys import KeyRecord, key_id, key_spec, new_key
 from kairos.gateway.ledger import LedgerRow, LedgerWriter
 from kairos.gateway.messages import count_request
+from kairos.gateway.openai_compatible import OpenAICompatible
 from kairos.gateway.prices import Price
-from kairos.gateway.providers import Provider, provider_for
+from kairos.gateway.providers import Provider
 from kairos.gateway.recovery import recover
 from kairos.gateway.registry import Registry
 from kairos.gateway.responses import check_responses
@@ -52,6 +55,19 @@ from kairos.gateway.storage import counters_from_url, registry_from_url
 from kairos.gateway.streams import Stream
 
 logger = logging.getLogger(__name__)
+
+
+def provider_for(config: ProviderConfig) -> Provider:
+    """The provider serving `config`: Anthropic's API by its own adapter, anything else as
+    OpenAI-compatible."""
+    if config.unset_key_env:
+        raise GatewayConfigError(
+            f"provider {config.name!r}: its api_key_env names {config.unset_key_env}, which is "
+            "not set in the environment; set it (commands that call no provider do not need it)"
+        )
+    if config.kind == "anthropic":
+        return AnthropicProvider(config)
+    return OpenAICompatible(config)
 
 
 class Gateway:

@@ -13,11 +13,10 @@ begin one): they are masked whole only. Scrub first, then truncate.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    from kairos.gateway.config import GatewayConfig, ProviderConfig
-    from kairos.gateway.errors import GatewayError
+from kairos.gateway.config import GatewayConfig, ProviderConfig
+from kairos.gateway.errors import GatewayError
 
 MASK = "***"
 _HEAD = 8  # characters that mark a secret: a shorter piece of one gives too little away

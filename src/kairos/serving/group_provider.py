@@ -17,7 +17,7 @@ from typing import Any
 from kairos.gateway.config import ProviderConfig
 from kairos.gateway.errors import UpstreamError
 from kairos.gateway.messages import tokenizer_count
-from kairos.gateway.providers import OpenAICompatible
+from kairos.gateway.openai_compatible import OpenAICompatible
 from kairos.serving.errors import DeploymentError
 from kairos.serving.supervisor import DeploymentGroup, Replica
 
