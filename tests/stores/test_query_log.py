@@ -493,3 +493,38 @@ def test_url_errors_name_the_scheme_and_hide_the_password() -> None:
         query_log_from_url("postgresql://postgres:s3cret@127.0.0.1:1/test?table=t")
     assert "s3cret" not in str(unreachable.value)
     assert unreachable.value.__cause__ is None
+
+
+def test_a_records_dict_is_what_the_log_gives_back(tmp_path: Path) -> None:
+    """`to_dict()` is the record as `GET /v1/log/{query_id}` shows it, outputs as stored."""
+    record = make_record("as-dict", 2)
+    assert record.to_dict() == {
+        "query_id": "as-dict",
+        "now": T0,
+        "inputs": {"user.id": "u2", "request.n": 2},
+        "outputs": {
+            "user.balance": {
+                "value": 2.5,
+                "observed_at": T0 - timedelta(seconds=2),
+                "source": "resolver:balance",
+                "version": "v1",
+                "error_code": None,
+                "error_message": None,
+            },
+            "user.txn_count[7d]": {
+                "value": 2,
+                "observed_at": T0,
+                "source": "expression",
+                "version": None,
+                "error_code": None,
+                "error_message": None,
+            },
+        },
+        "duration_ms": 2.5,
+        "trace": [{"node": "balance", "ms": 0.5, "cached": True}],
+        "logged_at": T0 + timedelta(milliseconds=3),
+    }
+    with BatchedQueryLog.sqlite(tmp_path / "log.db") as log:
+        log.append(record)
+        got = log.get("as-dict")
+    assert got is not None and got.to_dict() == record.to_dict()

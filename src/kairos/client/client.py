@@ -511,18 +511,7 @@ class Client:
         """Append each entity's decision to the query log (off the hot path: a queue)."""
         meta = result.meta
         versions = plan.versions
-        trace = [
-            {
-                "node": t.node,
-                "kind": t.kind,
-                "label": t.label,
-                "start_ms": t.start_ms,
-                "duration_ms": t.duration_ms,
-                "rows": t.rows,
-                "status": t.status,
-            }
-            for t in result.trace
-        ]
+        trace = [step.to_dict() for step in result.trace]  # times kept whole
         if meta.rows == 1:  # the LLM calls of a decision: tokens by feature, each stage's time
             trace += [{"kind": "llm", **call} for call in meta.llm]
         logged_at = datetime.now(UTC)

@@ -59,6 +59,16 @@ class OfflineResult:
 
         return pl.from_arrow(self.table)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The rows as columns of JSON values, each error with its row, and what was asked
+        (what `POST /v1/query/offline` replies)."""
+        return {
+            "rows": len(self),
+            "columns": self.table.to_pydict(),
+            "errors": [error.to_dict() for error in self.errors],
+            "query": self.query,
+        }
+
 
 def spine_columns(spine: Any) -> dict[str, list[Any]]:
     """Columns of a pandas, polars or Arrow table, a dict of columns, or a list of rows."""

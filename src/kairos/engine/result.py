@@ -1,4 +1,9 @@
-"""What a query returns: values, per-feature errors, where each value came from, and a trace."""
+"""What a query returns: values, per-feature errors, where each value came from, and a trace.
+
+Each type's `to_dict()` is its JSON shape: what the HTTP server answers with, and (for a
+trace's steps) what the query log keeps. Values stay Python values (a datetime stays a
+datetime) for the JSON writer to format.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,18 @@ class FeatureError:
     row: int | None = None
     resolver: str | None = None
 
+    def to_dict(self, *, row: bool = True) -> dict[str, Any]:
+        """`{"feature", "code", "message", "row"}`; without `row` when it is about the one
+        entity of a single query (`row=False`).
+
+        >>> FeatureError("user.risk", "timeout", "took over 1s", 3).to_dict()
+        {'feature': 'user.risk', 'code': 'timeout', 'message': 'took over 1s', 'row': 3}
+        """
+        body: dict[str, Any] = {"feature": self.feature, "code": self.code, "message": self.message}
+        if row:
+            body["row"] = self.row
+        return body
+
 
 @dataclass(frozen=True, slots=True)
 class FeatureValue:
@@ -31,6 +48,15 @@ class FeatureValue:
     def cached(self) -> bool:
         return self.source == "cache"
 
+    def to_dict(self) -> dict[str, Any]:
+        """`{"value", "observed_at", "source", "cached"}` (the error is reported apart)."""
+        return {
+            "value": self.value,
+            "observed_at": self.observed_at,
+            "source": self.source,
+            "cached": self.cached,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class NodeTiming:
@@ -43,6 +69,26 @@ class NodeTiming:
     duration_ms: float
     rows: int
     status: str  # ok | error | timeout | skipped
+
+    def to_dict(self, digits: int | None = None) -> dict[str, Any]:
+        """The step as JSON; `digits` rounds its times (in ms): an HTTP reply shows them to
+        0.1 µs, the query log keeps them whole.
+
+        >>> NodeTiming(0, "python", "user.risk", 0.123456, 2.5, 1, "ok").to_dict(4)["start_ms"]
+        0.1235
+        """
+        start, duration = self.start_ms, self.duration_ms
+        if digits is not None:
+            start, duration = round(start, digits), round(duration, digits)
+        return {
+            "node": self.node,
+            "kind": self.kind,
+            "label": self.label,
+            "start_ms": start,
+            "duration_ms": duration,
+            "rows": self.rows,
+            "status": self.status,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +118,7 @@ class ColumnData:
 
 
 NameOf = Callable[[Any], str]
+TRACE_DIGITS = 4  # a result's trace times as JSON: ms to 0.1 µs
 
 
 @dataclass
@@ -104,6 +151,29 @@ class QueryResult:
 
     def __iter__(self) -> Iterator[FeatureValue]:
         return iter(self.features.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The answer as JSON (what `POST /v1/query/online` replies).
+
+        >>> r = client.query(input={User.id: "u1"}, output=[User.risk])  # doctest: +SKIP
+        >>> r.to_dict()["values"]  # doctest: +SKIP
+        {'user.risk': 0.12}
+        """
+        meta = self.meta
+        return {
+            "query_id": meta.query_id,
+            "now": meta.now,
+            "values": self.values,
+            "features": {name: fv.to_dict() for name, fv in self.features.items()},
+            "errors": [error.to_dict(row=False) for error in self.errors],
+            "meta": {
+                "duration_ms": meta.duration_ms,
+                "cache_hits": meta.cache_hits,
+                "computed": meta.computed,
+                "llm": list(meta.llm),
+            },
+            "trace": [step.to_dict(TRACE_DIGITS) for step in self.trace],
+        }
 
 
 @dataclass
@@ -146,3 +216,17 @@ class BulkResult:
             {name: col.values[i] for name, col in self.columns.items()}
             for i in range(self.meta.rows)
         ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The answer as JSON (what `POST /v1/query/bulk` replies): a list of values per
+        output, one per entity, and each error with its row."""
+        meta = self.meta
+        return {
+            "query_id": meta.query_id,
+            "now": meta.now,
+            "rows": len(self),
+            "values": self.values,
+            "errors": [error.to_dict() for error in self.errors],
+            "meta": {"duration_ms": meta.duration_ms, "llm": list(meta.llm)},
+            "trace": [step.to_dict(TRACE_DIGITS) for step in self.trace],
+        }

@@ -19,7 +19,6 @@ from starlette.routing import Route
 
 from kairos.client.client import QUERY_ID, Client
 from kairos.client.config import ServerConfig
-from kairos.engine.result import BulkResult, QueryResult
 from kairos.errors import (
     BackendUnavailable,
     DefinitionError,
@@ -115,33 +114,6 @@ def _error_status(error: KairosError) -> HTTPProblem:
     return HTTPProblem(400, code, str(error))
 
 
-def _feature_body(result: QueryResult) -> dict[str, Any]:
-    return {
-        name: {
-            "value": fv.value,
-            "observed_at": fv.observed_at,
-            "source": fv.source,
-            "cached": fv.cached,
-        }
-        for name, fv in result.features.items()
-    }
-
-
-def _trace(result: QueryResult | BulkResult) -> list[dict[str, Any]]:
-    return [
-        {
-            "node": t.node,
-            "kind": t.kind,
-            "label": t.label,
-            "start_ms": round(t.start_ms, 4),
-            "duration_ms": round(t.duration_ms, 4),
-            "rows": t.rows,
-            "status": t.status,
-        }
-        for t in result.trace
-    ]
-
-
 class Server:
     """Holds the client, the metrics and the auth keys for the routes."""
 
@@ -196,25 +168,7 @@ class Server:
         self.metrics.observe_query(
             result.trace, result.meta.cache_hits, result.meta.computed, result.meta.llm
         )
-        return json_response(
-            {
-                "query_id": result.meta.query_id,
-                "now": result.meta.now,
-                "values": result.values,
-                "features": _feature_body(result),
-                "errors": [
-                    {"feature": e.feature, "code": e.code, "message": e.message}
-                    for e in result.errors
-                ],
-                "meta": {
-                    "duration_ms": result.meta.duration_ms,
-                    "cache_hits": result.meta.cache_hits,
-                    "computed": result.meta.computed,
-                    "llm": list(result.meta.llm),
-                },
-                "trace": _trace(result),
-            }
-        )
+        return json_response(result.to_dict())
 
     async def query_bulk(self, request: Request) -> Response:
         body = await read_json(request)
@@ -231,20 +185,7 @@ class Server:
         self.metrics.observe_query(
             result.trace, result.meta.cache_hits, result.meta.computed, result.meta.llm
         )
-        return json_response(
-            {
-                "query_id": result.meta.query_id,
-                "now": result.meta.now,
-                "rows": len(result),
-                "values": result.values,
-                "errors": [
-                    {"feature": e.feature, "code": e.code, "message": e.message, "row": e.row}
-                    for e in result.errors
-                ],
-                "meta": {"duration_ms": result.meta.duration_ms, "llm": list(result.meta.llm)},
-                "trace": _trace(result),
-            }
-        )
+        return json_response(result.to_dict())
 
     async def query_plan(self, request: Request) -> Response:
         body = await read_json(request)
@@ -305,17 +246,7 @@ class Server:
         result = await self.client.offline_query_async(
             spine, _outputs(body), timestamp=timestamp, recompute=recompute
         )
-        return json_response(
-            {
-                "rows": len(result),
-                "columns": result.table.to_pydict(),
-                "errors": [
-                    {"feature": e.feature, "code": e.code, "message": e.message, "row": e.row}
-                    for e in result.errors
-                ],
-                "query": result.query,
-            }
-        )
+        return json_response(result.to_dict())
 
     async def write_events(self, request: Request) -> Response:
         body = await read_json(request)
@@ -342,27 +273,7 @@ class Server:
         record = await asyncio.to_thread(self.client.log.get, query_id)
         if record is None:
             raise HTTPProblem(404, "not_found", f"no logged query {query_id!r}", "query_id")
-        return json_response(
-            {
-                "query_id": record.query_id,
-                "now": record.now,
-                "inputs": record.inputs,
-                "outputs": {
-                    name: {
-                        "value": v.value,
-                        "observed_at": v.observed_at,
-                        "source": v.source,
-                        "version": v.version,
-                        "error_code": v.error_code,
-                        "error_message": v.error_message,
-                    }
-                    for name, v in record.outputs.items()
-                },
-                "duration_ms": record.duration_ms,
-                "trace": record.trace,
-                "logged_at": record.logged_at,
-            }
-        )
+        return json_response(record.to_dict())
 
     async def healthz(self, request: Request) -> Response:
         return json_response({"status": "ok"})

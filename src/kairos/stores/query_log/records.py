@@ -34,6 +34,21 @@ class LoggedValue:
     error_code: str | None
     error_message: str | None
 
+    def to_dict(self) -> dict[str, Any]:
+        """The output as stored and as `GET /v1/log/{query_id}` shows it.
+
+        >>> LoggedValue(0.12, None, "model:risk", "risk@v2", None, None).to_dict()["version"]
+        'risk@v2'
+        """
+        return {
+            "value": self.value,
+            "observed_at": self.observed_at,
+            "source": self.source,
+            "version": self.version,
+            "error_code": self.error_code,
+            "error_message": self.error_message,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class LoggedQuery:
@@ -47,6 +62,18 @@ class LoggedQuery:
     duration_ms: float
     trace: list[dict[str, Any]]
     logged_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as `GET /v1/log/{query_id}` shows it (Python values: datetimes stay)."""
+        return {
+            "query_id": self.query_id,
+            "now": self.now,
+            "inputs": self.inputs,
+            "outputs": {name: value.to_dict() for name, value in self.outputs.items()},
+            "duration_ms": self.duration_ms,
+            "trace": self.trace,
+            "logged_at": self.logged_at,
+        }
 
 
 def _kept(value: Any, unkept: set[str]) -> Any:
@@ -133,17 +160,7 @@ def _tagged_time(value: datetime) -> Any:
 
 
 def _plain_outputs(record: LoggedQuery) -> dict[str, Any]:
-    return {
-        name: {
-            "value": out.value,
-            "observed_at": out.observed_at,
-            "source": out.source,
-            "version": out.version,
-            "error_code": out.error_code,
-            "error_message": out.error_message,
-        }
-        for name, out in record.outputs.items()
-    }
+    return {name: out.to_dict() for name, out in record.outputs.items()}
 
 
 def _encode_trace(trace: list[dict[str, Any]], unkept: set[str]) -> str:
