@@ -10,10 +10,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import redis.asyncio
+
+
+def open_client(url: str, **options: Any) -> redis.asyncio.Redis:
+    """A client with redis-py's own pool (`options` go to `Redis.from_url`); no I/O yet."""
+    import redis.asyncio
+
+    return redis.asyncio.Redis.from_url(url, **options)
 
 
 def blocking_client(

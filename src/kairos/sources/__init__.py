@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from kairos.backends import URL, connect
+from kairos.backends import URL, connect, parse
 from kairos.backends.url import redact
 from kairos.errors import KairosError, did_you_mean
 from kairos.sources.duckdb import duckdb_source
@@ -109,7 +109,8 @@ def source_from_config(
             f"source {name!r}: config must be a URL or a mapping with url:, got {config!r}"
         )
     url = interpolate(url.strip(), env, source=name)
-    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    parsed = parse(url)
+    scheme = parsed.scheme if parsed.authority else ""  # `sqlite:x` names no source
     if tables and scheme != "duckdb":
         raise KairosError(
             f"source {name!r}: tables: is for duckdb:///:memory: sources, not {scheme!r}"
@@ -129,10 +130,10 @@ def source_from_config(
             f"{', '.join(s + '://' for s in _SCHEMES)}"
         )
 
-    if not scheme:  # `sqlite:x` names no source: the scheme needs its `://`
-        raise unknown(URL(url, "", url, False, -1))
+    if not scheme:
+        raise unknown(parsed)
     return connect(
-        url,
+        parsed,
         {
             "sqlite": lambda parsed: sqlite_source(name, url, base_dir),
             "duckdb": duckdb,

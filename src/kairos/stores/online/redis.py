@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from kairos.backends.redis import open_client
 from kairos.backends.url import redact as redact_url
 from kairos.backends.url import take_options
 from kairos.errors import BackendUnavailable, KairosError
@@ -191,9 +192,7 @@ class RedisOnlineStore:
                 # Loops closed without closing the store took their connections with them.
                 for stale in [old for old in self._clients if old.is_closed()]:
                     del self._clients[stale]
-                import redis.asyncio as redis
-
-                client = redis.Redis.from_url(self._url, decode_responses=False)
+                client = open_client(self._url, decode_responses=False)
                 self._clients[loop] = client
             return client
 
