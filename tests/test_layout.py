@@ -1,0 +1,105 @@
+"""The tree keeps the shape README's Layout section describes, and the rules DESIGN.md sets for
+it: kairos modules imported at module level only, no module over 800 code lines. (The layers
+and the absence of import cycles are import-linter's contracts in `make check`.)"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import kairos
+from kairos.cli.main import _parser
+
+SRC = Path(kairos.__file__).parent
+README = Path(__file__).parents[1] / "README.md"
+
+
+def _layout() -> str:
+    return README.read_text().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _modules() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def _imports_kairos(node: ast.AST) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.level > 0 or (node.module or "").split(".")[0] == "kairos"
+    if isinstance(node, ast.Import):
+        return any(alias.name.split(".")[0] == "kairos" for alias in node.names)
+    return False
+
+
+def test_kairos_modules_are_imported_at_module_level_only() -> None:
+    # a function-local import that dodges an import cycle is the cycle, only hidden
+    found = []
+    for path in _modules():
+        tree = ast.parse(path.read_text(), str(path))
+        for scope in ast.walk(tree):
+            if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                found += [
+                    f"{path.relative_to(SRC.parent)}:{node.lineno}"
+                    for node in ast.walk(scope)
+                    if _imports_kairos(node)
+                ]
+    assert not found, f"import these at the top of the module: {sorted(set(found))}"
+
+
+def test_the_check_sees_a_local_import() -> None:
+    tree = ast.parse("def f():\n    from kairos.errors import KairosError\n")
+    assert any(_imports_kairos(node) for node in ast.walk(tree.body[0]))
+
+
+def _code_lines(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line.strip() and line.strip()[0] != "#")
+
+
+def test_no_module_is_over_800_code_lines() -> None:
+    sizes = {str(p.relative_to(SRC.parent)): _code_lines(p.read_text()) for p in _modules()}
+    assert {path: n for path, n in sizes.items() if n > 800} == {}
+
+
+def test_the_layout_names_every_package_and_top_level_module() -> None:
+    layout = _layout()
+    named = set(re.findall(r"^\s+([a-z_]+/|[a-z_]+\.py)\s", layout, re.M))
+    packages = {
+        f"{p.parent.name}/" for p in SRC.rglob("__init__.py") if p.parent != SRC
+    }  # stores/online/ is named as online/ under stores/
+    modules = {p.name for p in SRC.glob("*.py") if p.name != "__init__.py"}
+    assert packages | modules <= named, f"not in README's Layout: {packages | modules - named}"
+    assert named <= packages | modules, f"not in the tree: {named - packages - modules}"
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> Iterator[str]:
+    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not groups:
+        yield prefix
+        return
+    for name, sub in groups[0].choices.items():
+        yield from _commands(sub, f"{prefix} {name}".strip())
+
+
+def _listed_commands(layout: str) -> set[str]:
+    """`kairos a | b c` and `kairos group: a | b c` lines, continued on indented lines."""
+    block = layout.split("cli/", 1)[1].split("\nexamples/", 1)[0]
+    lines: list[str] = []
+    for line in block.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("kairos "):
+            lines.append(stripped.removeprefix("kairos "))
+        elif lines and lines[-1].endswith("|"):
+            lines[-1] += " " + stripped
+    listed = set()
+    for line in lines:
+        group, colon, items = line.partition(": ")
+        if not colon:
+            group, items = "", line
+        listed |= {f"{group} {item.strip()}".strip() for item in items.split("|")}
+    return listed
+
+
+def test_the_layout_lists_every_cli_command() -> None:
+    assert _listed_commands(_layout()) == set(_commands(_parser()))
