@@ -9,6 +9,7 @@ import ast
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeGuard
 
 import kairos
 from kairos.cli.main import _parser
@@ -25,7 +26,7 @@ def _modules() -> list[Path]:
     return sorted(SRC.rglob("*.py"))
 
 
-def _imports_kairos(node: ast.AST) -> bool:
+def _imports_kairos(node: ast.AST) -> TypeGuard[ast.Import | ast.ImportFrom]:
     if isinstance(node, ast.ImportFrom):
         return node.level > 0 or (node.module or "").split(".")[0] == "kairos"
     if isinstance(node, ast.Import):
