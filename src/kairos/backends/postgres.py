@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from kairos.backends.failures import driver_failures_as
+
 if TYPE_CHECKING:
     import psycopg
     from psycopg_pool import AsyncConnectionPool
@@ -74,12 +76,8 @@ def failures_as(make: Callable[[Exception], Exception]) -> Iterator[None]:
     >>> with failures_as(lambda error: BackendUnavailable(f"store failed ({error})")):
     ...     connection.execute("select 1")
     """
-    try:
+    with driver_failures_as(is_error, make):
         yield
-    except Exception as error:
-        if not is_error(error):
-            raise
-        raise make(error) from None
 
 
 def is_error(error: BaseException) -> bool:

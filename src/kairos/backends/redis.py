@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from kairos.backends.failures import driver_failures_as
+
 if TYPE_CHECKING:
     import redis.asyncio
 
@@ -40,12 +42,8 @@ def blocking_client(
 def failures_as(make: Callable[[Exception], Exception]) -> Iterator[None]:
     """Raise `make(error)` for a redis-py error in the block, without the driver's error as
     its cause; other errors pass unchanged."""
-    try:
+    with driver_failures_as(is_error, make):
         yield
-    except Exception as error:
-        if not is_error(error):
-            raise
-        raise make(error) from None
 
 
 def is_error(error: BaseException) -> bool:
