@@ -1,0 +1,130 @@
+"""`client.log`: the decisions this project served — read one, search them, turn them into a
+training set of the values as served.
+
+    >>> client.log.get(query_id).values["user.txn_count[1d]"].value  # doctest: +SKIP
+    >>> client.log.search(entity={User.id: "u1"}, since="1h", model="risk@v2")  # doctest: +SKIP
+
+Every method of the underlying `QueryLog` (append, flush, recent, close...) is here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from kairos.client.runtime import FeatureNames
+from kairos.definitions.durations import DurationLike, parse_duration
+from kairos.engine.values import to_utc
+from kairos.errors import DefinitionError, InvalidInput, InvalidValue
+from kairos.stores.query_log import LoggedQuery, QueryLog, Search
+from kairos.stores.query_log.records import search_key
+
+# search answers at most this many decisions at once; page with `until=` the oldest's `now`
+MAX_LIMIT = 1_000_000
+
+
+class DecisionLog:
+    """The query log with search in the project's feature names."""
+
+    def __init__(self, log: QueryLog, names: FeatureNames) -> None:
+        self.store = log
+        self._names = names
+
+    def __getattr__(self, name: str) -> Any:  # append, flush, recent, close, dropped...
+        return getattr(self.store, name)
+
+    def get(self, query_id: str) -> LoggedQuery | None:
+        """One decision's record, or None."""
+        return self.store.get(query_id)
+
+    def search(
+        self,
+        *,
+        entity: Mapping[Any, Any] | None = None,
+        since: datetime | DurationLike | None = None,
+        until: datetime | DurationLike | None = None,
+        feature: Any = None,
+        model: str | None = None,
+        limit: int = 100,
+    ) -> list[LoggedQuery]:
+        """Decisions newest first: for this entity (`{User.id: "u1"}`), with `now` in
+        [since, until) (a datetime, or a duration back from now: "1h"), whose plan touched
+        `feature`, that called `model` (`"risk@v2"`, or `"risk"` for any version)."""
+        return self.store.search(
+            self.parse(
+                entity=entity, since=since, until=until, feature=feature, model=model, limit=limit
+            )
+        )
+
+    def parse(
+        self,
+        *,
+        entity: Mapping[Any, Any] | None = None,
+        since: datetime | DurationLike | None = None,
+        until: datetime | DurationLike | None = None,
+        feature: Any = None,
+        model: str | None = None,
+        limit: int = 100,
+    ) -> Search:
+        """The search these arguments name, checked (each bad one named in its error)."""
+        keys = []
+        for name, value in (entity or {}).items():
+            key = search_key(value)
+            if key is None:
+                raise InvalidInput(
+                    f"entity {name!r}: search by a str or int key, got {value!r}",
+                    field="entity",
+                )
+            keys.append((self._name(name, "entity"), key))
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+            raise InvalidInput(f"limit must be 1..{MAX_LIMIT}, got {limit!r}", field="limit")
+        if model is not None and (not isinstance(model, str) or not model):
+            raise InvalidInput(
+                f"model must be a name or a version like 'risk@v2', got {model!r}", field="model"
+            )
+        start, end = moment(since, "since"), moment(until, "until")
+        if start is not None and end is not None and start >= end:
+            raise InvalidInput(f"since ({start}) must be before until ({end})", field="since")
+        return Search(
+            tuple(keys),
+            start,
+            end,
+            None if feature is None else self._name(feature, "feature"),
+            model,
+            limit,
+        )
+
+    def _name(self, feature: Any, field: str) -> str:
+        try:
+            return self._names(feature)
+        except (DefinitionError, InvalidInput, KeyError) as error:
+            raise InvalidInput(f"{field}: {error}", field=field) from None
+
+    def __repr__(self) -> str:
+        return f"<DecisionLog {getattr(self.store, 'name', type(self.store).__name__)}>"
+
+
+def moment(value: datetime | DurationLike | None, field: str) -> datetime | None:
+    """A datetime (made UTC), or a duration before now ("1h", 3600, timedelta)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        try:
+            return to_utc(value)
+        except InvalidValue as error:
+            raise InvalidInput(f"{field}: {error}", field=field) from None
+    if isinstance(value, str):
+        try:
+            return to_utc(datetime.fromisoformat(value))
+        except (ValueError, InvalidValue):
+            pass
+    try:
+        return datetime.now(UTC) - parse_duration(value, field=field)
+    except DefinitionError as error:
+        raise InvalidInput(
+            f"{error}; or give an ISO time like '2026-12-01T10:00:00+00:00'", field=field
+        ) from None
+
+
+__all__ = ["MAX_LIMIT", "DecisionLog", "moment"]
