@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from kairos.client.backfill import BackfillReport, Progress, materialize
 from kairos.client.config import Config
+from kairos.client.decisions import DecisionLog
 from kairos.client.events import event_class, foreign_keys, persist, stored_events, typed_events
 from kairos.client.fingerprint import definitions_fingerprint
 from kairos.client.inputs import check_inputs
@@ -25,19 +26,28 @@ from kairos.client.llm import GatewayCompleter
 from kairos.client.models import Models
 from kairos.client.offline import Datasets, OfflineResult, offline_query
 from kairos.client.project import Project
+from kairos.client.replay import ReplayResult, replay, replay_runtime
 from kairos.client.runtime import FeatureNames, OfflineHistory, Runtime, plan_with
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.graph import Graph
 from kairos.definitions.windows import indexed_window
 from kairos.engine.execution import Engine
-from kairos.engine.result import BulkResult, FeatureValue, NodeTiming, QueryMeta, QueryResult
+from kairos.engine.result import (
+    BulkResult,
+    ColumnData,
+    FeatureValue,
+    NodeTiming,
+    QueryMeta,
+    QueryResult,
+)
 from kairos.engine.values import to_utc
 from kairos.engine.windows import WindowIndex
 from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError
 from kairos.gateway import Gateway
 from kairos.planner.plan import Plan
 from kairos.planner.planner import Planner
-from kairos.resolvers.llm import LLM_CALLS, llm_resolvers
+from kairos.resolvers.calls import CALLS, Calls
+from kairos.resolvers.llm import llm_resolvers
 from kairos.resolvers.model import ModelResolver
 from kairos.resolvers.registry import ResolverSet
 from kairos.sources import source_from_config
@@ -49,6 +59,7 @@ from kairos.stores.query_log import (
     LoggedQuery,
     LoggedValue,
     NullQueryLog,
+    PlanInfo,
     QueryLog,
     query_log_from_url,
 )
@@ -122,8 +133,9 @@ class Client:
         planner = plan_with(self.graph, declared, self.models.resolvers(), self.sources, timeout)
         # Backends that start threads come last, each closed again if a later one fails.
         log = self.config.query_log if query_log is None else query_log
-        self.log: QueryLog = query_log_from_url(log) if isinstance(log, str) else log
-        self._logging = not isinstance(self.log, NullQueryLog)
+        opened: QueryLog = query_log_from_url(log) if isinstance(log, str) else log
+        self.log = DecisionLog(opened, FeatureNames(self.graph))
+        self._logging = not isinstance(opened, NullQueryLog)
         store = self.config.online_store if online_store is None else online_store
         try:
             online = online_store_from_url(store) if isinstance(store, str) else store
@@ -174,6 +186,7 @@ class Client:
         self._closed = False
         self._id_prefix = uuid.uuid4().hex[:16]
         self._id_counter = itertools.count(1)
+        self._plans: dict[str, tuple[Runtime, PlanInfo]] = {}
 
     def _bind_models(self, models: list[ModelResolver]) -> None:
         """Plan with these `kr.predict` resolvers from now on: the one place the runtime
@@ -337,6 +350,79 @@ class Client:
             self._runtime, spine, output, timestamp=timestamp, recompute=recompute
         )
 
+    def replay(
+        self,
+        query_ids: Sequence[str] | None = None,
+        *,
+        since: datetime | DurationLike | None = None,
+        until: datetime | DurationLike | None = None,
+        entity: Mapping[Any, Any] | None = None,
+        limit: int = 100_000,
+        models: Mapping[str, int | str] | None = None,
+        features: Mapping[Any, Any] | None = None,
+        resolvers: Mapping[Any, Any] | None = None,
+        recompute: Sequence[Any] = (),
+    ) -> ReplayResult:
+        """Re-run logged decisions (by id, or found by time and entity) as of their logged
+        `now` with what changed: `models={"risk": 2}` (a version or alias), `features=
+        {User.verdict: kr.completion(...)}`, `resolvers={old: new}`; every value not
+        downstream of a change is the logged one.
+
+        >>> client.replay(since="1d", models={"risk": 2}).summary()  # doctest: +SKIP
+        """
+        return self._sync(
+            self.replay_async(
+                query_ids,
+                since=since,
+                until=until,
+                entity=entity,
+                limit=limit,
+                models=models,
+                features=features,
+                resolvers=resolvers,
+                recompute=recompute,
+            )
+        )
+
+    async def replay_async(
+        self,
+        query_ids: Sequence[str] | None = None,
+        *,
+        since: datetime | DurationLike | None = None,
+        until: datetime | DurationLike | None = None,
+        entity: Mapping[Any, Any] | None = None,
+        limit: int = 100_000,
+        models: Mapping[str, int | str] | None = None,
+        features: Mapping[Any, Any] | None = None,
+        resolvers: Mapping[Any, Any] | None = None,
+        recompute: Sequence[Any] = (),
+    ) -> ReplayResult:
+        if query_ids is not None:
+            if isinstance(query_ids, str) or not isinstance(query_ids, Sequence):
+                raise InvalidInput("query_ids must be a list of query ids", field="query_ids")
+            found = await asyncio.to_thread(lambda: [self.log.get(q) for q in query_ids])
+            missing = [q for q, r in zip(query_ids, found, strict=True) if r is None]
+            if missing:
+                raise InvalidInput(
+                    f"query_ids: no logged decision {missing[0]!r} ({len(missing)} missing)",
+                    field="query_ids",
+                )
+            records = [r for r in found if r is not None]
+        else:
+            search = self.log.parse(entity=entity, since=since, until=until, limit=limit)
+            records = await asyncio.to_thread(self.log.store.search, search)
+        runtime, changed = replay_runtime(
+            self._runtime,
+            self.models,
+            pins=models,
+            features={self.name(k): v for k, v in (features or {}).items()},
+            resolvers=resolvers,
+            recompute=[self.name(f) for f in recompute],
+            completer=lambda: self.llm,
+        )
+        definitions = definitions_fingerprint(runtime.graph, runtime.resolvers)
+        return await replay(runtime, records, changed, definitions)
+
     def write_events(self, events_of: Any, rows: Sequence[Mapping[str, Any]]) -> int:
         """Add rows of an `@features(events=True)` class; windowed aggregates over them are
         answered from an index from then on. With an offline store the events are kept there
@@ -453,12 +539,12 @@ class Client:
             where=lambda row, name: f"input {name!r}" + (f" (row {row})" if rows > 1 else ""),
         )
         limits = self._staleness(staleness)
-        calls: list[dict[str, Any]] = []
-        token = LLM_CALLS.set(calls)  # LLM resolvers report their tokens and timings here
+        calls = Calls()
+        token = CALLS.set(calls)  # model and LLM resolvers report what they were given here
         try:
             outcome = await runtime.engine.run(plan, columns, rows, when, limits)
         finally:
-            LLM_CALLS.reset(token)
+            CALLS.reset(token)
         total = (time.perf_counter() - started) * 1000
         trace = [*outcome.trace, NodeTiming(None, "query", "total", 0.0, total, rows, "ok")]
         meta = QueryMeta(
@@ -468,14 +554,16 @@ class Client:
             rows,
             outcome.cache_hits,
             outcome.computed,
-            tuple(_whole_path(call, started, total) for call in calls),
+            tuple(_whole_path(call, started, total, full=False) for call in calls.llm),
         )
         result = BulkResult(outcome.columns, meta, trace, self.name)
         writer = runtime.offline.writer
         if writer is not None and outcome.observed:
             writer.add(outcome.observed)
         if self._logging:
-            self._log(plan, columns, result)
+            await self.log.store.append_async(
+                self._records(runtime, plan, columns, result, outcome.values, calls, started)
+            )
         return result
 
     def _new_query_id(self) -> str:
@@ -507,40 +595,99 @@ class Client:
                 field="query_id",
             )
 
-    def _log(self, plan: Plan, inputs: dict[str, list[Any]], result: BulkResult) -> None:
-        """Append each entity's decision to the query log (off the hot path: a queue)."""
+    def _records(
+        self,
+        runtime: Runtime,
+        plan: Plan,
+        inputs: dict[str, list[Any]],
+        result: BulkResult,
+        values: dict[str, ColumnData],
+        calls: Calls,
+        started: float,
+    ) -> list[LoggedQuery]:
+        """Each entity's decision record: every value the plan read or produced, the model
+        and LLM calls it made, and its plan (bulk row `i` is `<query_id>-<i>`)."""
         meta = result.meta
+        info = self._plan_info(runtime, plan)
         versions = plan.versions
         trace = [step.to_dict() for step in result.trace]  # times kept whole
-        if meta.rows == 1:  # the LLM calls of a decision: tokens by feature, each stage's time
-            trace += [{"kind": "llm", **call} for call in meta.llm]
         logged_at = datetime.now(UTC)
+        models = _by_row(
+            {
+                "feature": call["feature"],
+                "model": call["model"],
+                "version": call["version"],
+                "inputs": call["inputs"],
+                "vector": vector,
+                "row": row,
+            }
+            for call in calls.models
+            for row, vector in zip(call["rows"], call["vectors"], strict=True)
+        )
+        llm = _by_row(
+            {**_whole_path(call, started, meta.duration_ms, full=True), "row": call.get("row")}
+            for call in calls.llm
+        )
+        records = []
         for row in range(meta.rows):
-            outputs = {}
-            for name, col in result.columns.items():
+            kept = {}
+            for name, col in values.items():
                 error = col.errors[row]
                 source = col.source[row]
-                outputs[name] = LoggedValue(
+                observed = col.observed_at[row]
+                kept[name] = LoggedValue(
                     col.values[row],
-                    col.observed_at[row],
+                    observed,
                     source,
                     versions.get(name)
                     if source not in (None, "cache", "input", "default")
                     else None,
                     error.code if error else None,
                     error.message if error else None,
+                    (meta.now - observed).total_seconds()
+                    if source == "cache" and observed is not None
+                    else None,
                 )
-            self.log.append(
+            trace_of_row = trace
+            llm_of_row = llm.get(row, []) + (llm.get(None, []) if meta.rows == 1 else [])
+            if llm_of_row:  # the LLM calls of a decision: tokens by feature, each stage's time
+                trace_of_row = trace + [
+                    {"kind": "llm", **{k: v for k, v in c.items() if k not in _FULL_ONLY}}
+                    for c in llm_of_row
+                ]
+            records.append(
                 LoggedQuery(
                     meta.query_id if meta.rows == 1 else f"{meta.query_id}-{row}",
                     meta.now,
-                    {name: values[row] for name, values in inputs.items()},
-                    outputs,
+                    {name: column[row] for name, column in inputs.items()},
+                    {name: kept[name] for name in result.columns},
                     meta.duration_ms,
-                    trace,
+                    trace_of_row,
                     logged_at,
+                    kept,
+                    models.get(row, []),
+                    llm_of_row,
+                    info,
                 )
             )
+        return records
+
+    def _plan_info(self, runtime: Runtime, plan: Plan) -> PlanInfo:
+        """The plan as a decision record names it (built once per plan and runtime)."""
+        found = self._plans.get(plan.fingerprint)
+        if found is not None and found[0] is runtime:
+            return found[1]
+        definitions = definitions_fingerprint(runtime.graph, runtime.resolvers)
+        info = PlanInfo(
+            plan.fingerprint,
+            definitions,
+            plan.inputs,
+            plan.outputs,
+            {name: plan.versions.get(name) for name in plan.columns},
+            plan.models,
+        )
+        self._plans[plan.fingerprint] = (runtime, info)
+        return info
 
     # --- running async code from sync callers ----------------------------------------------
 
@@ -605,13 +752,28 @@ class Client:
 QUERY_ID = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
 
 
-def _whole_path(call: dict[str, Any], started: float, total_ms: float) -> dict[str, Any]:
+# what only a decision record keeps of an LLM call (not a query's reply, nor its trace)
+_FULL_ONLY = frozenset({"messages", "answer", "cost_by_feature"})
+
+
+def _whole_path(
+    call: dict[str, Any], started: float, total_ms: float, *, full: bool
+) -> dict[str, Any]:
     """An LLM call's record with the context assembly before it: from the query's start to
-    the moment its request was sent (features computed, prompt rendered)."""
-    record = {k: v for k, v in call.items() if k != "sent_at"}
+    the moment its request was sent (features computed, prompt rendered). Without `full`,
+    not the messages and the answer (what a query's reply and trace show)."""
+    dropped = {"sent_at"} if full else {"sent_at", *_FULL_ONLY}
+    record = {k: v for k, v in call.items() if k not in dropped}
     record["context_ms"] = round((call["sent_at"] - started) * 1000, 3)
     record["query_ms"] = round(total_ms, 3)
     return record
+
+
+def _by_row(calls: Iterable[dict[str, Any]]) -> dict[int | None, list[dict[str, Any]]]:
+    grouped: dict[int | None, list[dict[str, Any]]] = {}
+    for call in calls:
+        grouped.setdefault(call.pop("row"), []).append(call)
+    return grouped
 
 
 def _now(now: datetime | None) -> datetime:

@@ -13,13 +13,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kairos.client.config import ModelsConfig
+from kairos.definitions.feature import FeatureRef
 from kairos.definitions.graph import Graph
+from kairos.definitions.predict import ModelOptions
 from kairos.errors import InvalidInput
 from kairos.models.errors import UnknownModel
 from kairos.models.predictor import Predictor
@@ -27,7 +30,7 @@ from kairos.models.registry import AliasChange, ModelVersion, model_registry_fro
 from kairos.models.schema import to_matrix
 from kairos.models.store import ModelStore
 from kairos.models.volume import ArtifactVolume
-from kairos.resolvers.model import ModelResolver, check_fit, model_features
+from kairos.resolvers.model import ModelResolver, check_fit, input_refs, model_features
 
 if TYPE_CHECKING:
     import pyarrow
@@ -59,6 +62,7 @@ class Models:
             max_wait=config.max_wait.total_seconds(),
         )
         self._refresh = config.refresh.total_seconds()
+        self._graph = graph
         self._features = model_features(graph)
         self._bound: dict[str, tuple[str, int] | None] = {}  # feature -> (model, version)
         self._checked = time.monotonic()
@@ -71,32 +75,73 @@ class Models:
 
     def resolvers(self) -> list[ModelResolver]:
         """One resolver per `kr.predict` feature, pinned to the version it resolves to now."""
-        made = []
-        bound: dict[str, tuple[str, int] | None] = {}
-        for output, options, inputs in self._features:
-            record = None
-            problem = None
-            try:
-                record = self.store.get(options.model, options.version, options.alias)
-                problem = check_fit(output, options, inputs, record)
-            except UnknownModel as error:
-                problem = f"{output.fqn}: {error}"
-            bound[output.fqn] = None if record is None else (record.name, record.version)
-            made.append(
-                ModelResolver(
-                    output,
-                    options,
-                    inputs,
-                    record,
-                    self.store.predictor_for,
-                    problem,
-                    self._touch if options.version is None else None,
-                )
-            )
-        self._bound = bound
+        made = [
+            self._resolver(output, options, inputs) for output, options, inputs in self._features
+        ]
+        self._bound = {
+            r.output.fqn: None if r.record is None else (r.record.name, r.record.version)
+            for r in made
+        }
         self._checked = time.monotonic()
         self._made = made
         return made
+
+    def pinned(self, pins: Mapping[str, int | str]) -> list[ModelResolver]:
+        """The `kr.predict` resolvers with the models in `pins` run at another version (an
+        int) or alias (a str) — what a replay runs; the client's own binding is unchanged.
+
+        >>> client.models.pinned({"risk": 2})  # doctest: +SKIP
+        """
+        used = {options.model for _, options, _ in self._features}
+        for name, pin in pins.items():
+            if name not in used:
+                raise InvalidInput(
+                    f"models: no kr.predict feature uses model {name!r}; "
+                    f"used: {', '.join(sorted(used)) or 'none'}",
+                    field="models",
+                )
+            if isinstance(pin, bool) or not isinstance(pin, int | str):
+                raise InvalidInput(
+                    f"models[{name!r}] must be a version number or an alias, got {pin!r}",
+                    field="models",
+                )
+            if isinstance(pin, int):
+                self.store.get(name, pin, None)  # must exist: UnknownModel names it
+            else:
+                self.store.get(name, None, pin)
+        made = []
+        for output, options, inputs in self._features:
+            found = pins.get(options.model)
+            if isinstance(found, int):
+                options = replace(options, version=found, alias=None)
+            elif isinstance(found, str):
+                options = replace(options, version=None, alias=found)
+            made.append(self._resolver(output, options, inputs))
+        return made
+
+    def resolver_for(self, output: FeatureRef, options: ModelOptions) -> ModelResolver:
+        """A resolver for `output = kr.predict(...)` with these options (a new definition)."""
+        return self._resolver(output, options, input_refs(self._graph, output, options))
+
+    def _resolver(
+        self, output: FeatureRef, options: ModelOptions, inputs: tuple[FeatureRef, ...]
+    ) -> ModelResolver:
+        record = None
+        problem = None
+        try:
+            record = self.store.get(options.model, options.version, options.alias)
+            problem = check_fit(output, options, inputs, record)
+        except UnknownModel as error:
+            problem = f"{output.fqn}: {error}"
+        return ModelResolver(
+            output,
+            options,
+            inputs,
+            record,
+            self.store.predictor_for,
+            problem,
+            self._touch if options.version is None else None,
+        )
 
     def warm(self) -> None:
         """Load the predictor of every `kr.predict` feature (a failure stays that feature's

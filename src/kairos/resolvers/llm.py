@@ -12,7 +12,6 @@ it reports them (`kairos_timings`, as kairos' own llama.cpp worker does).
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import hashlib
 import inspect
@@ -29,14 +28,8 @@ from kairos.definitions.types import DataFrame, FeaturesSpec
 from kairos.errors import DefinitionError, KairosError, did_you_mean
 from kairos.llm.prompts import TEMPLATE, Prompt, Template, Windows
 from kairos.llm.tokens import Tokenizer
+from kairos.resolvers.calls import current_row, listening, report_llm
 from kairos.resolvers.python import Resolver
-
-# The LLM calls of the query running in this context (set by the client around a query): each
-# call appends its tokens and timings, so the whole path can be reported with the result.
-LLM_CALLS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
-    "kairos_llm_calls", default=None
-)
-
 
 # tokens a chat template adds around the messages, kept free when max_tokens is clamped
 FORMAT_MARGIN = 32
@@ -50,8 +43,12 @@ class Completer(Protocol):
     """Where LLM requests go: OpenAI-shaped bodies in, OpenAI-shaped replies out."""
 
     async def chat(
-        self, body: dict[str, Any]
-    ) -> dict[str, Any] | AsyncIterable[dict[str, Any]]: ...
+        self, body: dict[str, Any], served: dict[str, Any] | None = None
+    ) -> dict[str, Any] | AsyncIterable[dict[str, Any]]:
+        """`served`, when given, is filled with who answered: request_id, provider,
+        deployment, and `price` (an object whose `cost(input_tokens, output_tokens)` gives
+        micro-dollars)."""
+        ...
 
     async def embed(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -221,7 +218,8 @@ class CompletionResolver(Resolver[..., Any]):
                 "json_schema": {"name": self.output.name, "schema": dict(options.schema)},
             }
         assembled = time.perf_counter()
-        answer = await _collect(await completer.chat(body), assembled)
+        served: dict[str, Any] = {}
+        answer = await _collect(await completer.chat(body, served), assembled)
         finished = time.perf_counter()
         prompt_tokens = answer.usage.get("prompt_tokens")
         counted = sum(by_feature.values())
@@ -246,9 +244,18 @@ class CompletionResolver(Resolver[..., Any]):
             tokens = answer.usage.get("completion_tokens")
             if isinstance(tokens, int) and tokens > 1 and answer.decode_ms > 0:
                 usage.setdefault("tokens_per_s", round((tokens - 1) / answer.decode_ms * 1000, 2))
-        calls = LLM_CALLS.get()
-        if calls is not None:
-            calls.append({**usage, "sent_at": assembled})
+        if listening():  # the decision record: what was sent, who answered, what it cost
+            report_llm(
+                {
+                    **usage,
+                    **_billed(served, prompt_tokens, usage["completion_tokens"], by_feature),
+                    "row": current_row(),
+                    "version": self.version,
+                    "messages": messages,
+                    "answer": answer.text,
+                    "sent_at": assembled,
+                }
+            )
         value = self._parse(answer.text)
         if self.usage is None:
             return value
@@ -292,6 +299,23 @@ class CompletionResolver(Resolver[..., Any]):
             raise CompletionFailed(
                 f"{self.output.fqn}: the answer does not fit {parser.__name__}: {error}"
             ) from None
+
+
+def _billed(
+    served: Mapping[str, Any], prompt: Any, completion: Any, by_feature: Mapping[str, int]
+) -> dict[str, Any]:
+    """Who served a call and what it cost in USD, in total and per prompt feature (its
+    tokens at the input price), when the completer said (the gateway does)."""
+    billed: dict[str, Any] = {
+        name: served.get(name) for name in ("request_id", "provider", "deployment")
+    }
+    price = served.get("price")
+    if price is None or not isinstance(prompt, int) or not isinstance(completion, int):
+        return {**billed, "cost_usd": None, "cost_by_feature": None}
+    per_input = price.cost(1_000_000, 0) / 1e12  # USD per input token
+    billed["cost_usd"] = price.cost(prompt, completion) / 1e6
+    billed["cost_by_feature"] = {name: n * per_input for name, n in by_feature.items()}
+    return billed
 
 
 @dataclass
@@ -384,6 +408,20 @@ class EmbeddingResolver(Resolver[..., Any]):
         return f"{self.options.model}#embedding"
 
 
+def completion_resolver(
+    graph: Graph,
+    output: FeatureRef,
+    options: CompletionOptions,
+    completer: Callable[[], Completer],
+    usage: FeatureRef | None = None,
+) -> CompletionResolver:
+    """The resolver of one `kr.completion` feature (`options`: what `kr.completion(...)`
+    returned, the declared one or a new prompt to replay)."""
+    prompt = Prompt.compile(options.messages, f"{output.fqn} = kr.completion(...)")
+    inputs = template_inputs(graph, output, prompt.variables)
+    return CompletionResolver(output, options, inputs, prompt, usage, completer)
+
+
 def llm_resolvers(graph: Graph, completer: Callable[[], Completer]) -> list[Resolver[..., Any]]:
     """One resolver per `kr.completion` / `kr.embedding` feature of the graph."""
     made: list[Resolver[..., Any]] = []
@@ -410,17 +448,14 @@ def llm_resolvers(graph: Graph, completer: Callable[[], Completer]) -> list[Reso
         for name, options in declared.items():
             output = FeatureRef(namespace, (), name)
             if isinstance(options, CompletionOptions):
-                prompt = Prompt.compile(options.messages, f"{output.fqn} = kr.completion(...)")
-                inputs = template_inputs(graph, output, prompt.variables)
                 usage = usages.get(name)
                 made.append(
-                    CompletionResolver(
+                    completion_resolver(
+                        graph,
                         output,
                         options,
-                        inputs,
-                        prompt,
-                        None if usage is None else FeatureRef(namespace, (), usage),
                         completer,
+                        None if usage is None else FeatureRef(namespace, (), usage),
                     )
                 )
             elif isinstance(options, EmbeddingOptions):
@@ -436,5 +471,6 @@ __all__ = [
     "CompletionFailed",
     "CompletionResolver",
     "EmbeddingResolver",
+    "completion_resolver",
     "llm_resolvers",
 ]

@@ -25,6 +25,7 @@ from kairos.errors import DefinitionError, KairosError
 from kairos.models.errors import SchemaMismatch
 from kairos.models.predictor import Predictor
 from kairos.models.registry import ModelVersion
+from kairos.resolvers.calls import ROWS, listening, report_model
 from kairos.resolvers.python import Resolver
 
 
@@ -54,6 +55,7 @@ class ModelResolver(Resolver[..., Any]):
         self._load = load
         self._touch = touch
         self._predictor: Predictor | None = None
+        self.input_names = tuple(ref.fqn for ref in inputs)
         fn = self._make_function(inputs)
         name = f"model:{options.model}:{output.fqn}"
         super().__init__(fn, "online", options.timeout, name, batch=True)
@@ -114,6 +116,17 @@ class ModelResolver(Resolver[..., Any]):
                     f" must be a number; got {column[:3]!r}"
                 ) from None
         out = await asyncio.wrap_future(predictor.submit(matrix))
+        if listening():  # the decision record keeps the exact vectors the model was given
+            report_model(
+                {
+                    "feature": self.output.fqn,
+                    "model": self.options.model,
+                    "version": self.version,
+                    "inputs": list(self.input_names),
+                    "rows": list(ROWS.get() or range(rows)),
+                    "vectors": matrix.tolist(),
+                }
+            )
         return out.tolist()  # type: ignore[no-any-return]
 
 
@@ -129,9 +142,13 @@ def model_features(graph: Graph) -> list[tuple[FeatureRef, ModelOptions, tuple[F
             if not isinstance(options, ModelOptions):
                 continue
             output = FeatureRef(namespace, (), name)
-            inputs = tuple(_input_ref(graph, output, item) for item in options.inputs)
-            found.append((output, options, inputs))
+            found.append((output, options, input_refs(graph, output, options)))
     return found
+
+
+def input_refs(graph: Graph, output: FeatureRef, options: ModelOptions) -> tuple[FeatureRef, ...]:
+    """The features a `kr.predict(...)` of `output` passes the model, in order."""
+    return tuple(_input_ref(graph, output, item) for item in options.inputs)
 
 
 def _input_ref(graph: Graph, output: FeatureRef, item: Any) -> FeatureRef:

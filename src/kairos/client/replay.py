@@ -1,0 +1,458 @@
+"""Replay: logged decisions re-run as of their logged `now` against a new model version, a
+new prompt or model definition, or a new resolver.
+
+Every feature that is not downstream of what changed takes **the value the decision logged**;
+only what is downstream is recomputed, from those values. The sources are not read for
+anything the decision already saw, so rows updated or deleted since cannot change a replay.
+Decisions with the same logged plan run together, as one bulk run of the engine with each
+row at its own `now` (the online store is neither read nor written).
+
+    >>> result = client.replay(since="1d", models={"risk": 2})  # doctest: +SKIP
+    >>> result.to_pandas()  # query_id, feature, logged, replayed, changed  # doctest: +SKIP
+    >>> result.summary()["features"]["user.risk"]["mean_abs_delta"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kairos.client.runtime import Runtime, plan_with
+from kairos.definitions.completion import CompletionOptions
+from kairos.definitions.predict import ModelOptions
+from kairos.engine.result import ColumnData
+from kairos.errors import InvalidInput
+from kairos.planner.plan import Plan
+from kairos.resolvers.calls import CALLS, Calls
+from kairos.resolvers.llm import Completer, CompletionResolver, completion_resolver
+from kairos.resolvers.model import ModelResolver
+from kairos.stores.query_log import LoggedQuery
+
+if TYPE_CHECKING:
+    import pandas
+
+
+class ModelPins(Protocol):
+    """What a replay needs of `client.models`: resolvers at other versions, or for a new
+    `kr.predict` definition."""
+
+    def pinned(self, pins: Mapping[str, int | str]) -> list[ModelResolver]: ...
+
+    def resolver_for(self, output: Any, options: ModelOptions) -> ModelResolver: ...
+
+
+# decisions run by the engine at once (one bulk run per chunk of a plan's decisions)
+CHUNK = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRow:
+    """One feature of one decision: what was logged and what the replay computed."""
+
+    query_id: str
+    now: datetime
+    feature: str
+    logged: Any
+    replayed: Any
+    changed: bool
+    error: str | None = None  # why the replay has no value (the feature's error message)
+
+
+@dataclass
+class ReplayResult:
+    """What a replay computed, feature by feature, and how it differs from what was served.
+
+    `records` are the logged decisions replayed (oldest last, as searched); `llm_calls` the
+    replay's LLM calls by query id (tokens, TTFT, cost of the new prompt)."""
+
+    rows: list[ReplayRow]
+    records: list[LoggedQuery]
+    changed: tuple[str, ...]  # the features whose definition the replay changed
+    recomputed: tuple[str, ...]  # every column recomputed (downstream of `changed`)
+    llm_calls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    plans: dict[str, str] = field(default_factory=dict)  # logged plan -> replayed plan
+    definitions: dict[str, str] = field(default_factory=dict)  # "logged" / "replayed"
+    seconds: float = 0.0
+
+    @property
+    def decisions(self) -> int:
+        return len(self.records)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """One row per (decision, feature): query_id, now, feature, logged, replayed, changed."""
+        import pandas
+
+        return pandas.DataFrame(
+            {
+                "query_id": [r.query_id for r in self.rows],
+                "now": [r.now for r in self.rows],
+                "feature": [r.feature for r in self.rows],
+                "logged": [r.logged for r in self.rows],
+                "replayed": [r.replayed for r in self.rows],
+                "changed": [r.changed for r in self.rows],
+            }
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """Decisions, changed count and share; per feature the numeric deltas; for LLM
+        features prompt tokens, TTFT and cost before and after."""
+        by_feature: dict[str, list[ReplayRow]] = {}
+        for row in self.rows:
+            by_feature.setdefault(row.feature, []).append(row)
+        changed_decisions = len({r.query_id for r in self.rows if r.changed})
+        return {
+            "decisions": self.decisions,
+            "changed_decisions": changed_decisions,
+            "changed_share": changed_decisions / self.decisions if self.decisions else 0.0,
+            "changed": list(self.changed),
+            "recomputed": list(self.recomputed),
+            "features": {name: _feature_summary(rows) for name, rows in by_feature.items()},
+            "llm": self._llm_summary(),
+            "plans": dict(self.plans),
+            "definitions": dict(self.definitions),
+            "seconds": round(self.seconds, 3),
+            "decisions_per_s": round(self.decisions / self.seconds, 1) if self.seconds else None,
+        }
+
+    def _llm_summary(self) -> dict[str, Any]:
+        """Per LLM feature: calls, mean prompt tokens, mean TTFT, total cost, before/after."""
+        replayed = {
+            name for calls in self.llm_calls.values() for c in calls if (name := c.get("feature"))
+        }
+        out = {}
+        for name in sorted(n for n in replayed if isinstance(n, str)):
+            before = [c for r in self.records for c in r.llm_calls if c.get("feature") == name]
+            after = [
+                c for calls in self.llm_calls.values() for c in calls if c.get("feature") == name
+            ]
+            out[name] = {"logged": _llm_stats(before), "replayed": _llm_stats(after)}
+        return out
+
+    def to_dict(self, rows: int | None = 1000) -> dict[str, Any]:
+        """The summary and the first `rows` rows, changed ones first (what HTTP answers)."""
+        ordered = sorted(self.rows, key=lambda r: not r.changed)
+        return {
+            "summary": self.summary(),
+            "rows": [
+                {
+                    "query_id": r.query_id,
+                    "now": r.now,
+                    "feature": r.feature,
+                    "logged": r.logged,
+                    "replayed": r.replayed,
+                    "changed": r.changed,
+                    "error": r.error,
+                }
+                for r in (ordered if rows is None else ordered[:rows])
+            ],
+        }
+
+    def to_markdown(self) -> str:
+        """A short report: what changed, and per feature how much."""
+        s = self.summary()
+        lines = [
+            "# Replay",
+            "",
+            f"- decisions: {s['decisions']} ({s['seconds']} s, "
+            f"{s['decisions_per_s'] or '-'} decisions/s)",
+            f"- changed: {', '.join(s['changed']) or 'nothing'}; recomputed: "
+            f"{', '.join(s['recomputed']) or 'nothing'}",
+            f"- decisions whose outputs changed: {s['changed_decisions']} "
+            f"({s['changed_share']:.1%})",
+            "",
+            "| feature | rows | changed | mean logged | mean replayed | mean abs delta "
+            "| max abs delta |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, f in s["features"].items():
+            lines.append(
+                f"| {name} | {f['rows']} | {f['changed']} | {_fmt(f.get('mean_logged'))} | "
+                f"{_fmt(f.get('mean_replayed'))} | {_fmt(f.get('mean_abs_delta'))} | "
+                f"{_fmt(f.get('max_abs_delta'))} |"
+            )
+        if s["llm"]:
+            lines += [
+                "",
+                "| LLM feature | | calls | mean prompt tokens | mean TTFT ms | cost USD |",
+                "|---|---|---:|---:|---:|---:|",
+            ]
+            for name, both in s["llm"].items():
+                for when in ("logged", "replayed"):
+                    st = both[when]
+                    lines.append(
+                        f"| {name} | {when} | {st['calls']} | {_fmt(st['mean_prompt_tokens'])} "
+                        f"| {_fmt(st['mean_ttft_ms'])} | {_fmt(st['cost_usd'])} |"
+                    )
+        return "\n".join(lines) + "\n"
+
+
+def replay_runtime(
+    runtime: Runtime,
+    models: ModelPins,
+    *,
+    pins: Mapping[str, int | str] | None = None,
+    features: Mapping[str, Any] | None = None,
+    resolvers: Mapping[Any, Any] | None = None,
+    recompute: Sequence[str] = (),
+    completer: Callable[[], Completer],
+) -> tuple[Runtime, set[str]]:
+    """The runtime a replay runs on (the client's with its changes) and the features changed.
+
+    `pins`: model name -> version or alias; `features`: feature name -> a new `kr.predict` /
+    `kr.completion` definition; `resolvers`: an old resolver (or its name) -> the new one;
+    `recompute`: features to recompute although nothing they depend on changed."""
+    graph = runtime.graph
+    changed = set(recompute)
+    model_resolvers = models.pinned(pins or {})
+    changed |= {r.output.fqn for r in model_resolvers if r.options.model in (pins or {})}
+    declared = list(runtime.declared)
+    for name, options in (features or {}).items():
+        ref = graph.ref(name)
+        changed.add(ref.fqn)
+        if isinstance(options, ModelOptions):
+            new = models.resolver_for(ref, options)
+            model_resolvers = [r for r in model_resolvers if r.output.fqn != ref.fqn] + [new]
+        elif isinstance(options, CompletionOptions):
+            old = [r for r in declared if isinstance(r, CompletionResolver) and r.output == ref]
+            usage = old[0].usage if old else None
+            declared = [r for r in declared if r not in old]
+            declared.append(completion_resolver(graph, ref, options, completer, usage))
+        else:
+            raise InvalidInput(
+                f"features[{ref.fqn!r}] must be a new kr.predict(...) or kr.completion(...) "
+                f"definition, got {type(options).__name__}",
+                field="features",
+            )
+    for old, new in (resolvers or {}).items():
+        found = [
+            r
+            for r in declared
+            if r is old or (isinstance(old, str) and getattr(r, "name", None) == old)
+        ]
+        if not found:
+            raise InvalidInput(
+                f"resolvers: {getattr(old, 'name', old)!r} is not one of the project's "
+                "resolvers; key the mapping by the resolver (or its name) to replace",
+                field="resolvers",
+            )
+        declared = [new if r is found[0] else r for r in declared]
+    planner = plan_with(
+        graph, declared, model_resolvers, runtime.sources, runtime.planner.default_timeout
+    )
+    for bound in planner.resolvers.resolvers:
+        if any(bound.resolver is new for new in (resolvers or {}).values()):
+            changed |= {f"{bound.namespace}.{output}" for output in bound.outputs}
+    return replace(runtime, declared=tuple(declared), planner=planner), changed
+
+
+def _name(resolver: Any) -> str | None:
+    return getattr(resolver, "name", None)
+
+
+async def replay(
+    runtime: Runtime,
+    records: Sequence[LoggedQuery],
+    changed: set[str],
+    definitions: str,
+) -> ReplayResult:
+    """Re-run `records` on `runtime` (the client's, with the changed definitions), taking the
+    logged value of every column not downstream of a feature in `changed`."""
+    started = time.perf_counter()
+    groups: dict[tuple[Any, ...], list[LoggedQuery]] = {}
+    for record in records:
+        groups.setdefault(_plan_key(record), []).append(record)
+    rows: list[ReplayRow] = []
+    llm: dict[str, list[dict[str, Any]]] = {}
+    recomputed: set[str] = set()
+    plans: dict[str, str] = {}
+    for (_, inputs, outputs), group in groups.items():
+        full = runtime.planner.plan(list(inputs), list(outputs))
+        dirty = _downstream(full, changed)
+        recomputed |= dirty
+        logged_plan = group[0].plan
+        if logged_plan is not None:
+            plans[logged_plan.fingerprint] = full.fingerprint
+        compared = list(dict.fromkeys([*outputs, *(c for c in full.columns if c in dirty)]))
+        targets = [c for c in compared if c in dirty]
+        if not targets:  # nothing this plan computes changed: every value is the logged one
+            for record in group:
+                rows.extend(_same(record, compared))
+            continue
+        reads = _reads(full, dirty, set(inputs))
+        plan = runtime.planner.plan(sorted(reads), targets)
+        for start in range(0, len(group), CHUNK):
+            chunk = group[start : start + CHUNK]
+            values, calls = await _run(runtime, plan, chunk, reads)
+            for index, record in enumerate(chunk):
+                for name in compared:
+                    logged = _logged(record, name)
+                    column = values.get(name)
+                    if column is None:
+                        rows.append(
+                            ReplayRow(record.query_id, record.now, name, logged, logged, False)
+                        )
+                        continue
+                    error = column.errors[index]
+                    value = column.values[index]
+                    rows.append(
+                        ReplayRow(
+                            record.query_id,
+                            record.now,
+                            name,
+                            logged,
+                            value,
+                            not _equal(logged, value) or error is not None,
+                            None if error is None else error.message,
+                        )
+                    )
+            for call in calls.llm:
+                row = call.get("row")
+                if row is not None:
+                    call = {k: v for k, v in call.items() if k != "sent_at"}
+                    llm.setdefault(chunk[row].query_id, []).append(call)
+    logged_definitions = {r.plan.definitions for r in records if r.plan is not None}
+    return ReplayResult(
+        rows,
+        list(records),
+        tuple(sorted(changed)),
+        tuple(sorted(recomputed)),
+        llm,
+        plans,
+        {"logged": ", ".join(sorted(logged_definitions)), "replayed": definitions},
+        time.perf_counter() - started,
+    )
+
+
+def _plan_key(record: LoggedQuery) -> tuple[Any, ...]:
+    if record.plan is not None:
+        return (record.plan.fingerprint, record.plan.inputs, record.plan.outputs)
+    # a record from before plans were logged: its inputs and outputs name the query
+    return (None, tuple(sorted(record.inputs)), tuple(record.outputs))
+
+
+def _downstream(plan: Plan, changed: set[str]) -> set[str]:
+    """The columns of `plan` computed by a changed feature or from one (nodes run in
+    topological order, so one pass sees every upstream first)."""
+    dirty: set[str] = set()
+    for node in plan.nodes:
+        hit = any(_feature_of(plan, c) in changed for c in node.outputs) or any(
+            c in dirty for c in (*node.inputs, *([node.key] if node.key else []))
+        )
+        if hit:
+            dirty.update(node.outputs)
+    return dirty
+
+
+def _feature_of(plan: Plan, column: str) -> str:
+    info = plan.columns[column].info
+    return f"{info.namespace}.{info.name}"
+
+
+def _reads(plan: Plan, dirty: set[str], inputs: set[str]) -> set[str]:
+    """The logged columns the recomputed nodes read: the query's inputs, and every column
+    not downstream of the change that a recomputed node (or its entity key) reads."""
+    reads = set(inputs)
+    for node in plan.nodes:
+        if dirty.isdisjoint(node.outputs):
+            continue
+        for column in (*node.inputs, *([node.key] if node.key else [])):
+            if column not in dirty:
+                reads.add(column)
+    return reads
+
+
+async def _run(
+    runtime: Runtime, plan: Plan, records: Sequence[LoggedQuery], reads: set[str]
+) -> tuple[dict[str, ColumnData], Calls]:
+    """One bulk run of the engine: each record a row, at its own `now`, from its values."""
+    columns = {name: [_logged(record, name) for record in records] for name in plan.inputs}
+    nows = [record.now for record in records]
+    calls = Calls()
+    token = CALLS.set(calls)
+    try:
+        outcome = await runtime.engine.run(
+            plan, columns, len(records), max(nows), {}, row_times=nows
+        )
+    finally:
+        CALLS.reset(token)
+    return outcome.values, calls
+
+
+def _logged(record: LoggedQuery, name: str) -> Any:
+    found = record.values.get(name)
+    if found is not None:
+        return found.value
+    return record.inputs.get(name)
+
+
+def _same(record: LoggedQuery, names: Sequence[str]) -> list[ReplayRow]:
+    return [
+        ReplayRow(record.query_id, record.now, n, _logged(record, n), _logged(record, n), False)
+        for n in names
+    ]
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Equal values: numbers by value (NaN equals NaN), anything else by type and value."""
+    if _number(a) and _number(b):
+        return bool(a == b) or (math.isnan(a) and math.isnan(b))
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # values that cannot be compared (arrays): by their text
+        return repr(a) == repr(b)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _feature_summary(rows: Sequence[ReplayRow]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "rows": len(rows),
+        "changed": sum(r.changed for r in rows),
+        "errors": sum(r.error is not None for r in rows),
+    }
+    pairs = [
+        (float(r.logged), float(r.replayed))
+        for r in rows
+        if _number(r.logged) and _number(r.replayed)
+    ]
+    if pairs:
+        deltas = [abs(b - a) for a, b in pairs]
+        out["mean_logged"] = sum(a for a, _ in pairs) / len(pairs)
+        out["mean_replayed"] = sum(b for _, b in pairs) / len(pairs)
+        out["mean_abs_delta"] = sum(deltas) / len(deltas)
+        out["max_abs_delta"] = max(deltas)
+    return out
+
+
+def _llm_stats(calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def mean(key: str) -> float | None:
+        found = [c[key] for c in calls if _number(c.get(key))]
+        return sum(found) / len(found) if found else None
+
+    costs = [c["cost_usd"] for c in calls if _number(c.get("cost_usd"))]
+    return {
+        "calls": len(calls),
+        "mean_prompt_tokens": mean("prompt_tokens"),
+        "mean_ttft_ms": mean("ttft_ms"),
+        "cost_usd": sum(costs) if costs else None,
+    }
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+__all__ = ["ReplayResult", "ReplayRow", "replay"]
