@@ -79,8 +79,10 @@ class GatewayCompleter:
             )
         return self._key
 
-    async def chat(self, body: dict[str, Any]) -> dict[str, Any] | AsyncIterable[dict[str, Any]]:
-        return await self.gateway().chat(self.key(), body)
+    async def chat(
+        self, body: dict[str, Any], served: dict[str, Any] | None = None
+    ) -> dict[str, Any] | AsyncIterable[dict[str, Any]]:
+        return await self.gateway().chat(self.key(), body, served=served)
 
     async def embed(self, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("model") == LOCAL_MINILM:  # the embedded default: in process, no gateway

@@ -40,6 +40,7 @@ from kairos.planner.plan import (
     ResolverNode,
     WindowNode,
 )
+from kairos.resolvers.calls import computing
 from kairos.resolvers.registry import BoundInput
 from kairos.stores.online import OnlineStore, StoredValue, StoreKey
 
@@ -58,6 +59,9 @@ class RunOutcome:
     computed: int
     # (namespace, feature, value type, key type, key, observed_at, value) of computed values
     observed: list[tuple[Any, ...]]
+    # every column the run read or produced (inputs, cache reads, intermediates, outputs):
+    # what the decision record keeps
+    values: dict[str, ColumnData]
 
 
 class Engine:
@@ -124,6 +128,7 @@ class Engine:
             run.hits,
             run.computed,
             run.observed,
+            run.cols,
         )
 
 
@@ -514,12 +519,13 @@ class _Run:
                               f"{type(error).__name__}: {error}", node.label)  # fmt: skip
         rows = ready
         results: list[tuple[bool, Any] | None] = [None] * len(rows)
-        work = node.resolver.runner.run(calls, results, self.engine.pool)
         status = "ok"
-        try:
-            await asyncio.wait_for(work, node.timeout.total_seconds())
-        except TimeoutError:
-            status = "timeout"
+        with computing(rows):  # model and LLM calls report which entities they computed
+            work = node.resolver.runner.run(calls, results, self.engine.pool)
+            try:
+                await asyncio.wait_for(work, node.timeout.total_seconds())
+            except TimeoutError:
+                status = "timeout"
         for index, row in enumerate(rows):
             result = results[index]
             if result is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -107,8 +108,10 @@ class Call:
         wanted: int,
         messages: int,
         answers: int = 1,
+        served: dict[str, Any] | None = None,
     ) -> None:
         self.gateway = gateway
+        self.served = served  # filled with who served the call and at what price, if given
         self.answers = answers  # n, and each prompt of a completion: the hold covers them all
         self.parts = requests.input_parts(body)  # the parts bounded per deployment (images)
         self.bound = input_bound(self.parts.text_bytes, messages)  # the text's bound
@@ -260,6 +263,15 @@ class Call:
             raise InternalError(f"internal error ({name}); the call was not sent") from None
         self.attempts += 1
         self.deployment = deployment
+        if self.served is not None:  # an in-process caller's record of the call (features)
+            self.served.update(
+                request_id=self.request_id,
+                group=deployment.group,
+                provider=deployment.provider,
+                deployment=deployment.model,
+                attempts=self.attempts,
+                cost=functools.partial(_usage_cost, hold.price),
+            )
         sent = time.perf_counter()
         ends_by = asyncio.get_running_loop().time() + deployment.deadline
         if not self.stream:
@@ -426,3 +438,18 @@ class Call:
             uncharged_micros=self.uncharged,
             hold_id=self.hold_id,
         )
+
+
+def _usage_cost(price: Price, usage: dict[str, Any]) -> int | None:
+    """Micro-dollars an OpenAI `usage` object costs at `price`, prompt-cache reads and writes
+    at their own rates (what the provider bills), or None when it carries no token counts."""
+    parsed = openai_usage({"usage": usage})
+    if parsed is None:
+        return None
+    return price.cost(
+        parsed.input_tokens,
+        parsed.output_tokens,
+        cached=parsed.cached,
+        written=parsed.written,
+        written_1h=parsed.written_1h,
+    )

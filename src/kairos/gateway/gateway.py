@@ -227,12 +227,18 @@ class Gateway:
 
     # --- calls ---------------------------------------------------------------------------
 
-    async def chat(self, key: KeyRecord | str, body: dict[str, Any]) -> dict[str, Any] | Stream:
-        """A chat completion (OpenAI shape); a Stream when `body["stream"]` is true."""
+    async def chat(
+        self, key: KeyRecord | str, body: dict[str, Any], *, served: dict[str, Any] | None = None
+    ) -> dict[str, Any] | Stream:
+        """A chat completion (OpenAI shape); a Stream when `body["stream"]` is true. A
+        `served` dict is filled with the request id, provider, deployment and attempts of the
+        attempt that answered, and `cost` (usage -> micro-dollars at its price): what a
+        decision record keeps."""
         model, stream, wanted, parts = requests.check_chat(body, self.config.default_max_tokens)
         return await self._dispatch(
-            key, "chat", "chat", body, model, stream, wanted, parts, requests.choices(body)
-        )
+            key, "chat", "chat", body, model, stream, wanted, parts, requests.choices(body),
+            served=served,
+        )  # fmt: skip
 
     async def completion(
         self, key: KeyRecord | str, body: dict[str, Any]
@@ -324,12 +330,16 @@ class Gateway:
         wanted: int,
         messages: int,
         answers: int = 1,
+        *,
+        served: dict[str, Any] | None = None,
     ) -> dict[str, Any] | Stream:
         """`messages`: the parts of the input framed as messages (chat messages, prompts)."""
         record = key if isinstance(key, KeyRecord) else await self.authenticate(key)
         if not self._started:
             await self.start()
-        call = Call(self, record, kind, route, model, body, stream, wanted, messages, answers)
+        call = Call(
+            self, record, kind, route, model, body, stream, wanted, messages, answers, served
+        )
         try:
             return await call.run()
         except GatewayError as error:

@@ -6,6 +6,9 @@ expression, a default...); the engine dispatches on the class. `Plan.explain()` 
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -133,6 +136,32 @@ class Plan:
     producer: Mapping[str, int]  # column -> id of the node that computes it
     columns: Mapping[str, Column]  # every column the plan touches
     versions: Mapping[str, str | None]  # column -> version of the code computing it
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """16 hex digits naming what this plan runs: its inputs, outputs, every node (kind,
+        label, reads, writes) and the version of the code behind every column. Two processes
+        with the same definitions agree; a changed model version or prompt changes it."""
+        text = json.dumps(
+            [
+                self.root,
+                self.inputs,
+                self.outputs,
+                [[n.kind, n.label, n.args, n.outputs, n.key] for n in self.nodes],
+                sorted([name, version] for name, version in self.versions.items()),
+            ],
+            default=str,
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @functools.cached_property
+    def models(self) -> tuple[str, ...]:
+        """The model versions the plan calls (`risk@v2`), in node order."""
+        found: list[str] = []
+        for node in self.nodes:
+            if node.kind == "model":
+                found.extend(v for o in node.outputs if (v := self.versions.get(o)) is not None)
+        return tuple(dict.fromkeys(found))
 
     def node(self, column: str) -> PlanNode | None:
         index = self.producer.get(column)

@@ -46,8 +46,7 @@ class Completer(Protocol):
         self, body: dict[str, Any], served: dict[str, Any] | None = None
     ) -> dict[str, Any] | AsyncIterable[dict[str, Any]]:
         """`served`, when given, is filled with who answered: request_id, provider,
-        deployment, and `price` (an object whose `cost(input_tokens, output_tokens)` gives
-        micro-dollars)."""
+        deployment, and `cost`, a function from the reply's `usage` to micro-dollars."""
         ...
 
     async def embed(self, body: dict[str, Any]) -> dict[str, Any]: ...
@@ -248,7 +247,7 @@ class CompletionResolver(Resolver[..., Any]):
             report_llm(
                 {
                     **usage,
-                    **_billed(served, prompt_tokens, usage["completion_tokens"], by_feature),
+                    **_billed(served, answer.usage, by_feature),
                     "row": current_row(),
                     "version": self.version,
                     "messages": messages,
@@ -302,19 +301,26 @@ class CompletionResolver(Resolver[..., Any]):
 
 
 def _billed(
-    served: Mapping[str, Any], prompt: Any, completion: Any, by_feature: Mapping[str, int]
+    served: Mapping[str, Any], usage: Mapping[str, Any], by_feature: Mapping[str, int]
 ) -> dict[str, Any]:
-    """Who served a call and what it cost in USD, in total and per prompt feature (its
-    tokens at the input price), when the completer said (the gateway does)."""
+    """Who served a call and what it cost in USD (as the provider bills the reported usage,
+    prompt-cache reads included), and per prompt feature: its share of the prompt's cost by
+    its tokens, when the completer said (the gateway does)."""
     billed: dict[str, Any] = {
-        name: served.get(name) for name in ("request_id", "provider", "deployment")
+        name: served.get(name) for name in ("request_id", "provider", "deployment", "attempts")
     }
-    price = served.get("price")
-    if price is None or not isinstance(prompt, int) or not isinstance(completion, int):
+    cost: Callable[[dict[str, Any]], int | None] | None = served.get("cost")
+    micros = cost(dict(usage)) if cost is not None and usage else None
+    if cost is None or micros is None:
         return {**billed, "cost_usd": None, "cost_by_feature": None}
-    per_input = price.cost(1_000_000, 0) / 1e12  # USD per input token
-    billed["cost_usd"] = price.cost(prompt, completion) / 1e6
-    billed["cost_by_feature"] = {name: n * per_input for name, n in by_feature.items()}
+    # a feature's prompt tokens at the input rate, or at the prompt's average rate when the
+    # provider's prompt cache made it cheaper (which tokens were cached is not known)
+    full = (cost({"prompt_tokens": 1_000_000, "completion_tokens": 0}) or 0) / 1e12
+    tokens = sum(by_feature.values())
+    prompt = (cost({**usage, "completion_tokens": 0}) or 0) / 1e6
+    rate = min(full, prompt / tokens) if tokens else full
+    billed["cost_usd"] = micros / 1e6
+    billed["cost_by_feature"] = {name: n * rate for name, n in by_feature.items()}
     return billed
 
 

@@ -25,6 +25,7 @@ from kairos.definitions.durations import DurationLike, optional_duration
 from kairos.definitions.feature import FeatureRef, HasManyRef, ref_of
 from kairos.definitions.types import DataFrameSpec, FeaturesSpec, Now
 from kairos.errors import DefinitionError
+from kairos.resolvers.calls import ROWS, narrowed
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -113,6 +114,7 @@ class PythonRunner:
         if self.is_async:
 
             async def one(index: int) -> None:
+                ROWS.set(narrowed(index))  # this task's own context: the one entity it computes
                 try:
                     results[index] = (True, await fn(*calls[index]))
                 except Exception as error:  # the user's resolver

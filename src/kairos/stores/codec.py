@@ -11,6 +11,7 @@ Everything JSON would blur is a one-key dict whose key starts with "$":
     Decimal   {"$decimal": "1.10"}
     a dict with a key starting with "$"               {"$dict": {...}}  (so it is not a tag)
     a dict with a key that is not a str               {"$items": [[key, value], ...]}
+    rows (a has-many: 2+ dicts, same str keys)        {"$rows": [[names], [row 0], ...]}
 
 A datetime keeps its UTC offset; one in a named zone (ZoneInfo) reads back with the fixed
 offset it had. A subclass (an Enum mixin, pandas.Timestamp) reads back as its base type.
@@ -161,6 +162,18 @@ def _list(value: list[Any]) -> Any:
     return [_to_json(item) for item in value]
 
 
+def _rows(value: list[Any]) -> Any:
+    """A list; a has-many's rows (dicts with the same str keys, in the same order) are kept
+    as columns named once: `{"$rows": [[names...], [values of row 0...], ...]}`."""
+    if len(value) > 1 and type(value[0]) is dict:
+        names = list(value[0])
+        if all(type(k) is str and not k.startswith("$") for k in names) and all(
+            type(row) is dict and len(row) == len(names) and list(row) == names for row in value
+        ):
+            return {"$rows": [names, *([_to_json(v) for v in row.values()] for row in value)]}
+    return [_to_json(item) for item in value]
+
+
 def _dict(value: dict[Any, Any]) -> Any:
     if not all(type(k) is str for k in value):
         return {"$items": [[_to_json(k), _to_json(v)] for k, v in value.items()]}
@@ -178,7 +191,7 @@ _ENCODERS: dict[type, Callable[[Any], Any]] = {
     date: _date,
     time: _time,
     timedelta: _timedelta,
-    list: _list,
+    list: _rows,
     dict: _dict,
     tuple: lambda value: {"$tuple": _list(value)},
     set: lambda value: {"$set": _list(value)},
@@ -245,4 +258,7 @@ _DECODERS: dict[str, Callable[[Any], Any]] = {
     "$decimal": Decimal,
     "$dict": lambda body: {k: _from_json(v) for k, v in body.items()},
     "$items": lambda body: {_from_json(k): _from_json(v) for k, v in body},
+    "$rows": lambda body: [
+        dict(zip(body[0], map(_from_json, row), strict=True)) for row in body[1:]
+    ],
 }

@@ -24,9 +24,9 @@ from kairos.backends import URL, connect
 from kairos.backends.url import option_names, take_options
 from kairos.backends.url import redact as redact_url
 from kairos.errors import KairosError
-from kairos.stores.query_log.base import DEFAULT_TABLE, NullQueryLog, QueryLog
+from kairos.stores.query_log.base import DEFAULT_TABLE, NullQueryLog, QueryLog, Search
 from kairos.stores.query_log.batched import BatchedQueryLog
-from kairos.stores.query_log.records import LoggedQuery, LoggedValue, QueryLogError
+from kairos.stores.query_log.records import LoggedQuery, LoggedValue, PlanInfo, QueryLogError
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -34,8 +34,10 @@ __all__ = [
     "LoggedQuery",
     "LoggedValue",
     "NullQueryLog",
+    "PlanInfo",
     "QueryLog",
     "QueryLogError",
+    "Search",
     "query_log_from_url",
     "redact_url",
 ]

@@ -6,10 +6,37 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Final, Protocol
 
 from kairos.errors import KairosError
-from kairos.stores.query_log.records import LoggedQuery, _Row
+from kairos.stores.query_log.records import LoggedQuery, PlanInfo, _Row
+
+
+@dataclass(frozen=True, slots=True)
+class Search:
+    """Which decisions to find, newest first: those whose inputs had every `entity` key
+    (name, key as text), whose `now` is in [since, until), whose plan touched `feature` and
+    called `model` (a version, `risk@v2`, or a model name: any of its versions)."""
+
+    entity: tuple[tuple[str, str], ...] = ()
+    since: datetime | None = None
+    until: datetime | None = None
+    feature: str | None = None
+    model: str | None = None
+    limit: int = 100
+
+    def matches_plan(self, plan: PlanInfo) -> bool:
+        if self.feature is not None and self.feature not in plan.versions:
+            return False
+        if self.model is None:
+            return True
+        return any(
+            self.model == version or version.partition("@")[0] == self.model
+            for version in plan.models
+        )
+
 
 DEFAULT_TABLE: Final = "kairos_query_log"
 
@@ -36,6 +63,15 @@ class QueryLog(Protocol):
 
     def recent(self, limit: int = 20) -> list[LoggedQuery]:
         """The newest records first."""
+        ...
+
+    def search(self, search: Search) -> list[LoggedQuery]:
+        """The decisions `search` names, newest first (pending writes are flushed first)."""
+        ...
+
+    async def append_async(self, records: Sequence[LoggedQuery]) -> None:
+        """Queue records, waiting (without blocking the event loop) while the queue is full:
+        backpressure, never a dropped record."""
         ...
 
     def close(self) -> None:
@@ -79,6 +115,10 @@ class _Backend(Protocol):
 
     def fetch_recent(self, limit: int) -> list[_Row]: ...
 
+    def fetch_search(self, search: Search, plans: Sequence[str] | None) -> list[_Row]: ...
+
+    def fetch_plans(self) -> dict[str, PlanInfo]: ...
+
     def close_readers(self) -> None: ...
 
 
@@ -106,6 +146,12 @@ class NullQueryLog:
 
     def recent(self, limit: int = 20) -> list[LoggedQuery]:
         return []
+
+    def search(self, search: Search) -> list[LoggedQuery]:
+        return []
+
+    async def append_async(self, records: Sequence[LoggedQuery]) -> None:
+        return None
 
     def close(self) -> None:
         return None

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from kairos.errors import KairosError
-from kairos.stores.query_log.base import DEFAULT_TABLE, _Backend
+from kairos.stores.query_log.base import DEFAULT_TABLE, Search, _Backend
 from kairos.stores.query_log.postgres import _PostgresBackend
 from kairos.stores.query_log.records import (
     LoggedQuery,
@@ -122,6 +122,30 @@ class BatchedQueryLog:
         if self._closed:
             self._drop("the log is closed")
             return
+        row = self._encode(record)
+        if row is None:
+            return
+        if len(self._pending) >= self._max_queue and not self._wait_for_room():
+            self._drop(f"its queue is full ({self._max_queue} records)")
+            return
+        self._pending.append(row)
+
+    async def append_async(self, records: Sequence[LoggedQuery]) -> None:
+        """Queue `records`; while the queue is full, wait for the writer (the query's answer
+        waits, the event loop does not): backpressure instead of a dropped record."""
+        for record in records:
+            if self._closed:
+                self._drop("the log is closed")
+                continue
+            row = self._encode(record)
+            if row is None:
+                continue
+            while len(self._pending) >= self._max_queue and self._writer.is_alive():
+                self._wake.set()
+                await asyncio.sleep(0.001)
+            self._pending.append(row)
+
+    def _encode(self, record: LoggedQuery) -> _Row | None:
         # Encode now (~10 us): the record is then exactly what the query saw, whatever the
         # caller does with its values later, and the writer never holds the GIL for long.
         unkept: set[str] = set()
@@ -130,7 +154,7 @@ class BatchedQueryLog:
         except Exception as exc:  # a bad record is counted, never raised into the query
             with self._state_lock:
                 self._lose(1, f"record {getattr(record, 'query_id', None)!r}: {exc}")
-            return
+            return None
         if unkept - self._warned_unkept:
             with self._state_lock:
                 self._warned_unkept |= unkept
@@ -141,10 +165,7 @@ class BatchedQueryLog:
                 ", ".join(sorted(unkept)),
                 record.query_id,
             )
-        if len(self._pending) >= self._max_queue and not self._wait_for_room():
-            self._drop(f"its queue is full ({self._max_queue} records)")
-            return
-        self._pending.append(row)
+        return row
 
     def _wait_for_room(self) -> bool:
         deadline = time.monotonic() + self._put_timeout
@@ -204,6 +225,16 @@ class BatchedQueryLog:
         self._check_open()
         self.flush()
         return [_decode_record(row) for row in self._backend.fetch_recent(limit)]
+
+    def search(self, search: Search) -> list[LoggedQuery]:
+        self._check_open()
+        self.flush()
+        plans = None
+        if search.feature is not None or search.model is not None:
+            plans = [f for f, p in self._backend.fetch_plans().items() if search.matches_plan(p)]
+            if not plans:
+                return []
+        return [_decode_record(row) for row in self._backend.fetch_search(search, plans)]
 
     async def aflush(self, timeout: float = 10.0) -> None:
         await asyncio.to_thread(self.flush, timeout)

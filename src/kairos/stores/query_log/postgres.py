@@ -9,24 +9,31 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from kairos.backends import postgres
 from kairos.backends.url import redact, scrub
-from kairos.stores.query_log.base import _COLUMNS, DEFAULT_TABLE, _check_name
-from kairos.stores.query_log.records import QueryLogError, _Row
+from kairos.stores.query_log.base import _COLUMNS, DEFAULT_TABLE, Search, _check_name
+from kairos.stores.query_log.records import PlanInfo, QueryLogError, _Row
 
 if TYPE_CHECKING:
     import psycopg
+    from psycopg import sql as pgsql
 
 
 class _PostgresBackend:
     """A PostgreSQL table, written with psycopg 3 from the writer thread. Each batch is one
     transaction with synchronous_commit on (a commit has reached the server's WAL on disk).
     The structured columns are `json` (kept verbatim; `jsonb` would reorder dict keys and
-    turn -0.0 into 0), so SQL can still look inside: `inputs->>'user.id'`."""
+    turn -0.0 into 0), so SQL can still look inside: `inputs->>'user.id'`.
+
+    Beside the records: `<table>_keys` (an entity key of a record's inputs, its `now` and
+    its query id; the index search reads) and `<table>_plans` (each plan once)."""
 
     def __init__(self, conninfo: str, table: str = DEFAULT_TABLE, schema: str | None = None):
         from psycopg import sql
 
+        self._sql = sql
         self._conninfo = conninfo
         self.name = redact(conninfo)
         _check_name("table", table)
@@ -35,14 +42,29 @@ class _PostgresBackend:
         self._writer: psycopg.Connection[tuple[Any, ...]] | None = None
         self._reader: psycopg.Connection[tuple[Any, ...]] | None = None
         self._read_lock = threading.Lock()
-        target = sql.Identifier(table) if schema is None else sql.Identifier(schema, table)
+        self._plans: dict[str, PlanInfo] = {}
+        self._written_plans: set[str] = set()
+
+        def named(suffix: str) -> pgsql.Identifier:
+            name = f"{table}{suffix}"
+            return sql.Identifier(name) if schema is None else sql.Identifier(schema, name)
+
+        target, keys, plans = named(""), named("_keys"), named("_plans")
+        self._keys = keys
         self._insert = sql.SQL(
-            "INSERT INTO {} ({}) VALUES (%s, %s, %s::json, %s::json, %s::json, %s, %s) "
-            "ON CONFLICT (query_id) DO NOTHING"
+            "INSERT INTO {} ({}, feature_values, calls, plan) VALUES (%s, %s, %s::json, "
+            "%s::json, %s::json, %s, %s, %s::json, %s::json, %s) ON CONFLICT (query_id) DO NOTHING"
         ).format(target, sql.SQL(_COLUMNS))
+        self._insert_key = sql.SQL(
+            "INSERT INTO {} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
+        ).format(keys)
+        self._insert_plan = sql.SQL("INSERT INTO {} VALUES (%s, %s) ON CONFLICT DO NOTHING").format(
+            plans
+        )
+        self._select_plans = sql.SQL("SELECT plan, info FROM {}").format(plans)
         self._select = sql.SQL(
-            "SELECT query_id, now, inputs::text, outputs::text, trace::text, duration_ms, "
-            "logged_at FROM {}"
+            "SELECT l.query_id, l.now, l.inputs::text, l.outputs::text, l.trace::text, "
+            "l.duration_ms, l.logged_at, l.feature_values::text, l.calls::text, l.plan FROM {} l"
         ).format(target)
         create = [
             sql.SQL(
@@ -51,9 +73,29 @@ class _PostgresBackend:
                 "outputs json NOT NULL, trace json NOT NULL, "
                 "duration_ms double precision NOT NULL, logged_at timestamptz NOT NULL)"
             ).format(target),
+            # a log written by an older kairos keeps its rows and gains the new columns
+            sql.SQL(
+                "ALTER TABLE {} ADD COLUMN IF NOT EXISTS feature_values json NOT NULL "
+                "DEFAULT '{{}}', ADD COLUMN IF NOT EXISTS calls json NOT NULL DEFAULT '{{}}', "
+                "ADD COLUMN IF NOT EXISTS plan text"
+            ).format(target),
             sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (seq)").format(
                 sql.Identifier(f"{table}_seq_idx"), target
             ),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (now)").format(
+                sql.Identifier(f"{table}_now_idx"), target
+            ),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (plan, now)").format(
+                sql.Identifier(f"{table}_plan_idx"), target
+            ),
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (name text NOT NULL, value text NOT NULL, "
+                "now timestamptz NOT NULL, query_id text NOT NULL, "
+                "PRIMARY KEY (name, value, now, query_id))"
+            ).format(keys),
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (plan text PRIMARY KEY, info json NOT NULL)"
+            ).format(plans),
         ]
         if schema is not None:
             create.insert(
@@ -83,59 +125,146 @@ class _PostgresBackend:
         return conn
 
     def write_batch(self, rows: Sequence[_Row]) -> None:
-        params = [
-            (
-                row.query_id,
-                row.now,
-                row.inputs,
-                row.outputs,
-                row.trace,
-                row.duration_ms,
-                row.logged_at,
+        params: list[tuple[Any, ...]] = []
+        keys: list[tuple[Any, ...]] = []
+        plans: dict[str, PlanInfo] = {}
+        for row in rows:
+            plan = row.plan
+            if plan is not None and plan.fingerprint not in self._written_plans:
+                plans[plan.fingerprint] = plan
+            params.append(
+                (
+                    row.query_id,
+                    row.now,
+                    row.inputs,
+                    row.outputs,
+                    row.trace,
+                    row.duration_ms,
+                    row.logged_at,
+                    row.values,
+                    row.calls,
+                    None if plan is None else plan.fingerprint,
+                )
             )
-            for row in rows
-        ]
+            keys.extend((name, value, row.now, row.query_id) for name, value in row.keys)
         try:
             if self._writer is None:
                 self._writer = self._connect()
             conn = self._writer
             with conn.transaction(), conn.cursor() as cursor:
+                if plans:
+                    cursor.executemany(
+                        self._insert_plan,
+                        [(f, orjson.dumps(p.to_dict()).decode()) for f, p in plans.items()],
+                    )
                 cursor.executemany(self._insert, params)
+                if keys:
+                    cursor.executemany(self._insert_key, keys)
         except Exception as error:
             if postgres.is_error(error):
                 self.close_writer()  # reconnect on the next batch
             raise
+        self._written_plans.update(plans)
 
     def close_writer(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
 
-    def _read(self, where: str, params: tuple[Any, ...]) -> list[_Row]:
-        from psycopg import sql
+    def _reading(self) -> psycopg.Connection[tuple[Any, ...]]:
+        if self._reader is None or self._reader.closed:
+            self._reader = self._connect()
+        return self._reader
 
+    def _failed(self, exc: Exception) -> QueryLogError:
+        self._close_reader()
+        return QueryLogError(f"cannot read query log {self.name!r}: {self.scrub(str(exc).strip())}")
+
+    def _read(self, query: pgsql.Composed, params: Sequence[Any]) -> list[_Row]:
         with self._read_lock:
             try:
-                if self._reader is None or self._reader.closed:
-                    self._reader = self._connect()
-                fetched = self._reader.execute(
-                    sql.Composed([self._select, sql.SQL(where)]), params
-                ).fetchall()
+                fetched = self._reading().execute(query, tuple(params)).fetchall()
+                if {row[9] for row in fetched if row[9] is not None} - self._plans.keys():
+                    self._load_plans()
             except Exception as exc:
                 if not postgres.is_error(exc):
                     raise
-                self._close_reader()
-                raise QueryLogError(
-                    f"cannot read query log {self.name!r}: {self.scrub(str(exc).strip())}"
-                ) from None
-        return [_Row(*row) for row in fetched]
+                raise self._failed(exc) from None
+        return [
+            _Row(
+                query_id=row[0],
+                now=row[1],
+                inputs=row[2],
+                outputs=row[3],
+                trace=row[4],
+                duration_ms=row[5],
+                logged_at=row[6],
+                values=row[7],
+                calls=row[8],
+                plan=None if row[9] is None else self._plans.get(row[9]),
+            )
+            for row in fetched
+        ]
+
+    def _load_plans(self) -> None:
+        for plan, info in self._reading().execute(self._select_plans).fetchall():
+            data = info if isinstance(info, dict) else orjson.loads(info)
+            self._plans[plan] = PlanInfo.from_dict(data)
+
+    def fetch_plans(self) -> dict[str, PlanInfo]:
+        with self._read_lock:
+            try:
+                self._load_plans()
+            except Exception as exc:
+                if not postgres.is_error(exc):
+                    raise
+                raise self._failed(exc) from None
+            return dict(self._plans)
 
     def fetch_one(self, query_id: str) -> _Row | None:
-        rows = self._read(" WHERE query_id = %s", (query_id,))
+        sql = self._sql
+        rows = self._read(self._select + sql.SQL(" WHERE l.query_id = %s"), (query_id,))
         return rows[0] if rows else None
 
     def fetch_recent(self, limit: int) -> list[_Row]:
-        return self._read(" ORDER BY seq DESC LIMIT %s", (limit,))
+        sql = self._sql
+        return self._read(self._select + sql.SQL(" ORDER BY l.seq DESC LIMIT %s"), (limit,))
+
+    def fetch_search(self, search: Search, plans: Sequence[str] | None) -> list[_Row]:
+        """Newest first; with an entity key through the keys index, else the `now` index."""
+        sql = self._sql
+        where: list[pgsql.Composable] = []
+        params: list[Any] = []
+        query: pgsql.Composed = self._select
+        if search.entity:
+            (name, value), *others = search.entity
+            query = query + sql.SQL(" JOIN {} k ON k.query_id = l.query_id").format(self._keys)
+            where.append(sql.SQL("k.name = %s AND k.value = %s"))
+            params += [name, value]
+            order = sql.SQL("k.now")
+            for other_name, other_value in others:
+                where.append(
+                    sql.SQL(
+                        "l.query_id IN (SELECT query_id FROM {} WHERE name = %s AND value = %s)"
+                    ).format(self._keys)
+                )
+                params += [other_name, other_value]
+        else:
+            order = sql.SQL("l.now")
+        if search.since is not None:
+            where.append(sql.SQL("{} >= %s").format(order))
+            params.append(search.since)
+        if search.until is not None:
+            where.append(sql.SQL("{} < %s").format(order))
+            params.append(search.until)
+        if plans is not None:
+            where.append(sql.SQL("l.plan = ANY(%s)"))
+            params.append(list(plans))
+        if where:
+            query = query + sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where)
+        query = query + sql.SQL(" ORDER BY {} DESC, l.query_id DESC LIMIT %s").format(order)
+        params.append(search.limit)
+        return self._read(query, params)
 
     def _close_reader(self) -> None:
         if self._reader is not None:

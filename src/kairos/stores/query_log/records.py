@@ -9,7 +9,7 @@ rather than lost.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -25,7 +25,10 @@ class QueryLogError(BackendUnavailable):
 
 @dataclass(frozen=True, slots=True)
 class LoggedValue:
-    """One output of a logged query: the value served and where it came from."""
+    """One feature value of a logged decision: the value, when it was observed, where it came
+    from (`cache`, `input`, `default`, `expression`, `window`, `events`, or the resolver or
+    model that made it), the version of that code, and for a value served from the cache its
+    age at the query's `now` in seconds (freshness measured, not assumed)."""
 
     value: Any
     observed_at: datetime | None
@@ -33,9 +36,10 @@ class LoggedValue:
     version: str | None  # resolver/model/prompt version that made the value
     error_code: str | None
     error_message: str | None
+    age_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The output as stored and as `GET /v1/log/{query_id}` shows it.
+        """The value as `GET /v1/log/{query_id}` shows it.
 
         >>> LoggedValue(0.12, None, "model:risk", "risk@v2", None, None).to_dict()["version"]
         'risk@v2'
@@ -47,13 +51,55 @@ class LoggedValue:
             "version": self.version,
             "error_code": self.error_code,
             "error_message": self.error_message,
+            "age_s": self.age_s,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInfo:
+    """What a decision's plan was: its fingerprint, the definitions' hash, the features it
+    touched and the version of the code computing each, so search can find decisions by
+    feature or model version and a replay can tell what changed. One per plan, stored once."""
+
+    fingerprint: str
+    definitions: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    versions: dict[str, str | None]  # every column of the plan -> version of its code
+    models: tuple[str, ...] = ()  # model versions the plan calls (`risk@v2`)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fingerprint": self.fingerprint,
+            "definitions": self.definitions,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "versions": dict(self.versions),
+            "models": list(self.models),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlanInfo:
+        return cls(
+            data["fingerprint"],
+            data["definitions"],
+            tuple(data["inputs"]),
+            tuple(data["outputs"]),
+            dict(data["versions"]),
+            tuple(data.get("models") or ()),
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class LoggedQuery:
     """Everything a decision saw. `append` encodes it at once, so later changes to the
-    values (by the caller holding the query's result) do not reach the log."""
+    values (by the caller holding the query's result) do not reach the log.
+
+    `outputs` are the features the query asked for; `values` every feature the plan read or
+    produced (inputs, cache reads, intermediates and the outputs); `model_calls` each model
+    call with the exact input vector the model was given; `llm_calls` each LLM call with its
+    rendered messages, the deployment that answered, the answer, tokens (per feature), cost
+    and timings."""
 
     query_id: str
     now: datetime
@@ -62,6 +108,28 @@ class LoggedQuery:
     duration_ms: float
     trace: list[dict[str, Any]]
     logged_at: datetime
+    values: dict[str, LoggedValue] = field(default_factory=dict)
+    model_calls: list[dict[str, Any]] = field(default_factory=list)
+    llm_calls: list[dict[str, Any]] = field(default_factory=list)
+    plan: PlanInfo | None = None
+
+    def __post_init__(self) -> None:
+        if any(name not in self.values for name in self.outputs):  # values hold the outputs
+            object.__setattr__(self, "values", {**self.values, **self.outputs})
+
+    def value(self, feature: str) -> Any:
+        """The value a feature had in this decision (output or intermediate)."""
+        found = self.values.get(feature)
+        if found is None:
+            raise KeyError(f"decision {self.query_id!r} has no value for {feature!r}")
+        return found.value
+
+    @property
+    def cost_usd(self) -> float | None:
+        """What the decision's LLM calls cost, when the gateway priced them."""
+        costs = [call.get("cost_usd") for call in self.llm_calls]
+        known = [c for c in costs if isinstance(c, int | float)]
+        return sum(known) if known else None
 
     def to_dict(self) -> dict[str, Any]:
         """The record as `GET /v1/log/{query_id}` shows it (Python values: datetimes stay)."""
@@ -70,6 +138,10 @@ class LoggedQuery:
             "now": self.now,
             "inputs": self.inputs,
             "outputs": {name: value.to_dict() for name, value in self.outputs.items()},
+            "values": {name: value.to_dict() for name, value in self.values.items()},
+            "model_calls": self.model_calls,
+            "llm_calls": self.llm_calls,
+            "plan": None if self.plan is None else self.plan.to_dict(),
             "duration_ms": self.duration_ms,
             "trace": self.trace,
             "logged_at": self.logged_at,
@@ -102,7 +174,9 @@ def _encode_kept(value: Any, unkept: set[str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Row:
-    """A record as stored: codec JSON text for the structured columns."""
+    """A record as stored: codec JSON text for the structured columns. `values` holds the
+    values that are not outputs (each value is stored once); `keys` the entity keys of the
+    inputs search finds the record by; `plan` is stored once per plan, beside the records."""
 
     query_id: str
     now: datetime
@@ -111,6 +185,53 @@ class _Row:
     trace: str
     duration_ms: float
     logged_at: datetime
+    values: str = "{}"
+    calls: str = "{}"
+    plan: PlanInfo | None = None
+    keys: tuple[tuple[str, str], ...] = ()
+
+
+def search_key(value: Any) -> str | None:
+    """An input value as the text search compares (`u1`, `42`), or None when it is not a
+    key one searches by (a float, a list...)."""
+    kind = type(value)
+    if kind is str:
+        return None if "\x00" in value else str(value)  # PostgreSQL text holds no NUL
+    if kind is int:
+        return str(value)
+    return None
+
+
+def _encode_values(
+    values: dict[str, LoggedValue],
+    skip: dict[str, LoggedValue] | None,
+    unkept: set[str],
+    times: dict[datetime, Any],
+) -> str | None:
+    """Values as the JSON the codec would write for their dicts, built from the known layout:
+    only each value goes through the codec (a Fragment), which is several times faster. None
+    when a name is odd (the caller then lets the codec do all of it)."""
+    encoded = {}
+    for name, out in values.items():
+        if skip is not None and name in skip:
+            continue
+        if not isinstance(name, str) or name.startswith("$"):
+            return None
+        observed = out.observed_at
+        encoded[name] = {
+            "value": out.value
+            if _plain(out.value)
+            else orjson.Fragment(_encode_kept(out.value, unkept)),
+            "observed_at": None
+            if observed is None
+            else times.get(observed) or times.setdefault(observed, _tagged_time(observed)),
+            "source": out.source,
+            "version": out.version,
+            "error_code": out.error_code,
+            "error_message": out.error_message,
+            "age_s": out.age_s if out.age_s is None or math.isfinite(out.age_s) else None,
+        }
+    return orjson.dumps(encoded).decode("utf-8")
 
 
 def _encode_record(record: LoggedQuery, unkept: set[str]) -> _Row:
@@ -119,38 +240,34 @@ def _encode_record(record: LoggedQuery, unkept: set[str]) -> _Row:
     for name in ("now", "logged_at"):
         if not isinstance(getattr(record, name), datetime):
             raise TypeError(f"{name} must be a datetime, got {getattr(record, name)!r}")
-    # The same JSON the codec writes for the whole dict, built from its known layout: only
-    # each value goes through the codec (a Fragment), which is several times faster.
     times: dict[datetime, Any] = {}  # most values share one observed_at: format it once
-    outputs = {
-        name: {
-            "value": out.value
-            if _plain(out.value)
-            else orjson.Fragment(_encode_kept(out.value, unkept)),
-            "observed_at": None
-            if out.observed_at is None
-            else times.get(out.observed_at)
-            or times.setdefault(out.observed_at, _tagged_time(out.observed_at)),
-            "source": out.source,
-            "version": out.version,
-            "error_code": out.error_code,
-            "error_message": out.error_message,
-        }
-        for name, out in record.outputs.items()
-        if isinstance(name, str) and not name.startswith("$")
-    }
-    if len(outputs) != len(record.outputs):  # an odd name: let the codec handle all of it
-        encoded_outputs = _encode_kept(_plain_outputs(record), unkept)
-    else:
-        encoded_outputs = orjson.dumps(outputs).decode("utf-8")
+    outputs = _encode_values(record.outputs, None, unkept, times)
+    if outputs is None:
+        outputs = _encode_kept(_plain_values(record.outputs), unkept)
+    values = _encode_values(record.values, record.outputs, unkept, times)
+    if values is None:
+        rest = {n: v for n, v in record.values.items() if n not in record.outputs}
+        values = _encode_kept(_plain_values(rest), unkept)
+    calls = "{}"
+    if record.model_calls or record.llm_calls:
+        calls = _encode_kept({"models": record.model_calls, "llm": record.llm_calls}, unkept)
+    keys = tuple(
+        (name, key)
+        for name, value in record.inputs.items()
+        if isinstance(name, str) and (key := search_key(value)) is not None
+    )
     return _Row(
         query_id=record.query_id,
         now=record.now,
         inputs=_encode_kept(record.inputs, unkept),
-        outputs=encoded_outputs,
+        outputs=outputs,
         trace=_encode_trace(record.trace, unkept),
         duration_ms=float(record.duration_ms),
         logged_at=record.logged_at,
+        values=values,
+        calls=calls,
+        plan=record.plan,
+        keys=keys,
     )
 
 
@@ -159,8 +276,8 @@ def _tagged_time(value: datetime) -> Any:
     return {"$dt": value.isoformat()}
 
 
-def _plain_outputs(record: LoggedQuery) -> dict[str, Any]:
-    return {name: out.to_dict() for name, out in record.outputs.items()}
+def _plain_values(values: dict[str, LoggedValue]) -> dict[str, Any]:
+    return {name: out.to_dict() for name, out in values.items()}
 
 
 def _encode_trace(trace: list[dict[str, Any]], unkept: set[str]) -> str:
@@ -184,19 +301,25 @@ def _plain(value: Any) -> bool:
     return False
 
 
+def _logged_values(encoded: str) -> dict[str, LoggedValue]:
+    return {
+        name: LoggedValue(
+            value=out["value"],
+            observed_at=out["observed_at"],
+            source=out["source"],
+            version=out["version"],
+            error_code=out["error_code"],
+            error_message=out["error_message"],
+            age_s=out.get("age_s"),
+        )
+        for name, out in decode(encoded.encode("utf-8")).items()
+    }
+
+
 def _decode_record(row: _Row) -> LoggedQuery:
     try:
-        outputs = {
-            name: LoggedValue(
-                value=out["value"],
-                observed_at=out["observed_at"],
-                source=out["source"],
-                version=out["version"],
-                error_code=out["error_code"],
-                error_message=out["error_message"],
-            )
-            for name, out in decode(row.outputs.encode("utf-8")).items()
-        }
+        outputs = _logged_values(row.outputs)
+        calls = decode(row.calls.encode("utf-8"))
         return LoggedQuery(
             query_id=row.query_id,
             now=row.now,
@@ -205,6 +328,10 @@ def _decode_record(row: _Row) -> LoggedQuery:
             duration_ms=row.duration_ms,
             trace=decode(row.trace.encode("utf-8")),
             logged_at=row.logged_at,
+            values={**_logged_values(row.values), **outputs},
+            model_calls=calls.get("models", []),
+            llm_calls=calls.get("llm", []),
+            plan=row.plan,
         )
     except (CorruptValue, TypeError, KeyError, AttributeError) as exc:
         raise QueryLogError(

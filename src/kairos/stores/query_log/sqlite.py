@@ -9,22 +9,33 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kairos.stores.query_log.base import _COLUMNS, DEFAULT_TABLE, _check_name
-from kairos.stores.query_log.records import QueryLogError, _Row
+import orjson
+
+from kairos.stores.query_log.base import _COLUMNS, DEFAULT_TABLE, Search, _check_name
+from kairos.stores.query_log.records import PlanInfo, QueryLogError, _Row
+
+# Columns added after the first release, with what older rows read as.
+_ADDED = {"feature_values": "'{}'", "calls": "'{}'", "plan": "NULL"}
 
 
 class _SQLiteBackend:
     """A SQLite file in WAL mode with synchronous=FULL: a committed batch is fsynced, so it
     survives a process kill and a power loss; readers (another process too) never block the
-    writer. Each batch is one transaction, so a row is either whole or absent."""
+    writer. Each batch is one transaction, so a record is either whole or absent.
+
+    Beside the records: `<table>_keys` (an entity key of a record's inputs, its `now` and
+    its query id; the index search reads) and `<table>_plans` (each plan once)."""
 
     def __init__(self, path: str | Path, table: str = DEFAULT_TABLE) -> None:
         self.path = Path(path)
         self.table = _check_name("table", table)
+        keys, plans = f"{self.table}_keys", f"{self.table}_plans"
         self.name = f"sqlite:///{self.path}"
         self._writer: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._read_lock = threading.Lock()
+        self._plans: dict[str, PlanInfo] = {}  # read side: every plan seen
+        self._written_plans: set[str] = set()  # write side: plans already stored
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = self._connect()
@@ -36,14 +47,44 @@ class _SQLiteBackend:
                     "outputs TEXT NOT NULL, trace TEXT NOT NULL, duration_ms REAL NOT NULL, "
                     "logged_at TEXT NOT NULL)"
                 )
+                have = {row[1] for row in conn.execute(f'PRAGMA table_info("{self.table}")')}
+                for column, default in _ADDED.items():
+                    if column not in have:  # a log written by an older kairos: rows kept
+                        conn.execute(
+                            f'ALTER TABLE "{self.table}" ADD COLUMN {column} TEXT '
+                            + ("" if default == "NULL" else f"NOT NULL DEFAULT {default}")
+                        )
+                conn.execute(
+                    f'CREATE INDEX IF NOT EXISTS "{self.table}_now" ON "{self.table}" (now)'
+                )
+                conn.execute(
+                    f'CREATE INDEX IF NOT EXISTS "{self.table}_plan" ON "{self.table}" (plan, now)'
+                )
+                conn.execute(
+                    f'CREATE TABLE IF NOT EXISTS "{keys}" (name TEXT NOT NULL, '
+                    "value TEXT NOT NULL, now TEXT NOT NULL, query_id TEXT NOT NULL, "
+                    "PRIMARY KEY (name, value, now, query_id)) WITHOUT ROWID"
+                )
+                conn.execute(
+                    f'CREATE TABLE IF NOT EXISTS "{plans}" (plan TEXT PRIMARY KEY, '
+                    "info TEXT NOT NULL)"
+                )
             finally:
                 conn.close()
         except (OSError, sqlite3.Error) as exc:
             raise QueryLogError(f"cannot open query log {self.name!r}: {exc}") from exc
         self._insert = (
-            f'INSERT OR IGNORE INTO "{self.table}" ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)'
+            f'INSERT OR IGNORE INTO "{self.table}" ({_COLUMNS}, feature_values, calls, plan) '
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
-        self._select = f'SELECT {_COLUMNS} FROM "{self.table}"'
+        self._insert_key = f'INSERT OR IGNORE INTO "{keys}" VALUES (?, ?, ?, ?)'
+        self._insert_plan = f'INSERT OR IGNORE INTO "{plans}" VALUES (?, ?)'
+        self._select_plans = f'SELECT plan, info FROM "{plans}"'
+        self._keys = keys
+        self._select = (
+            f"SELECT l.query_id, l.now, l.inputs, l.outputs, l.trace, l.duration_ms, "
+            f'l.logged_at, l.feature_values, l.calls, l.plan FROM "{self.table}" l'
+        )
 
     def scrub(self, text: str) -> str:
         return text
@@ -60,22 +101,40 @@ class _SQLiteBackend:
             conn.execute("PRAGMA synchronous=FULL")  # fsync the WAL on every commit
             self._writer = conn
         conn = self._writer
-        params = [
-            (
-                row.query_id,
-                row.now.isoformat(),
-                row.inputs,
-                row.outputs,
-                row.trace,
-                row.duration_ms,
-                row.logged_at.isoformat(),
+        params: list[tuple[Any, ...]] = []
+        keys: list[tuple[str, str, str, str]] = []
+        plans: dict[str, PlanInfo] = {}
+        for row in rows:
+            now = row.now.isoformat()
+            plan = row.plan
+            if plan is not None and plan.fingerprint not in self._written_plans:
+                plans[plan.fingerprint] = plan
+            params.append(
+                (
+                    row.query_id,
+                    now,
+                    row.inputs,
+                    row.outputs,
+                    row.trace,
+                    row.duration_ms,
+                    row.logged_at.isoformat(),
+                    row.values,
+                    row.calls,
+                    None if plan is None else plan.fingerprint,
+                )
             )
-            for row in rows
-        ]
+            keys.extend((name, value, now, row.query_id) for name, value in row.keys)
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
+                if plans:
+                    conn.executemany(
+                        self._insert_plan,
+                        [(f, orjson.dumps(p.to_dict()).decode()) for f, p in plans.items()],
+                    )
                 conn.executemany(self._insert, params)
+                if keys:
+                    conn.executemany(self._insert_key, keys)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -84,19 +143,26 @@ class _SQLiteBackend:
         except sqlite3.Error:
             self.close_writer()  # reopen on the next batch
             raise
+        self._written_plans.update(plans)
 
     def close_writer(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
 
-    def _read(self, sql: str, params: tuple[Any, ...]) -> list[_Row]:
+    def _reading(self) -> sqlite3.Connection:
+        if self._reader is None:
+            self._reader = self._connect()
+            self._reader.execute("PRAGMA query_only=ON")
+        return self._reader
+
+    def _read(self, sql: str, params: Sequence[Any]) -> list[_Row]:
         with self._read_lock:
             try:
-                if self._reader is None:
-                    self._reader = self._connect()
-                    self._reader.execute("PRAGMA query_only=ON")
-                fetched = self._reader.execute(sql, params).fetchall()
+                fetched = self._reading().execute(sql, tuple(params)).fetchall()
+                wanted = {row[9] for row in fetched if row[9] is not None}
+                if wanted - self._plans.keys():
+                    self._load_plans()
             except sqlite3.Error as exc:
                 self._close_reader()
                 raise QueryLogError(f"cannot read query log {self.name!r}: {exc}") from exc
@@ -109,17 +175,80 @@ class _SQLiteBackend:
                 trace=trace,
                 duration_ms=duration_ms,
                 logged_at=datetime.fromisoformat(logged_at),
+                values=values,
+                calls=calls,
+                plan=None if plan is None else self._plans.get(plan),
             )
-            for query_id, now, inputs, outputs, trace, duration_ms, logged_at in fetched
+            for (
+                query_id,
+                now,
+                inputs,
+                outputs,
+                trace,
+                duration_ms,
+                logged_at,
+                values,
+                calls,
+                plan,
+            ) in fetched
         ]
 
+    def _load_plans(self) -> None:
+        for plan, info in self._reading().execute(self._select_plans).fetchall():
+            self._plans[plan] = PlanInfo.from_dict(orjson.loads(info))
+
+    def fetch_plans(self) -> dict[str, PlanInfo]:
+        with self._read_lock:
+            try:
+                self._load_plans()
+            except sqlite3.Error as exc:
+                self._close_reader()
+                raise QueryLogError(f"cannot read query log {self.name!r}: {exc}") from exc
+            return dict(self._plans)
+
     def fetch_one(self, query_id: str) -> _Row | None:
-        rows = self._read(f"{self._select} WHERE query_id = ?", (query_id,))
+        rows = self._read(f"{self._select} WHERE l.query_id = ?", (query_id,))
         return rows[0] if rows else None
 
     def fetch_recent(self, limit: int) -> list[_Row]:
         # rowid grows with every insert and the writer is the only one: append order
-        return self._read(f"{self._select} ORDER BY rowid DESC LIMIT ?", (limit,))
+        return self._read(f"{self._select} ORDER BY l.rowid DESC LIMIT ?", (limit,))
+
+    def fetch_search(self, search: Search, plans: Sequence[str] | None) -> list[_Row]:
+        """Newest first. With an entity key the keys index finds the records (one range of
+        it per entity); else the `now` (or `plan, now`) index."""
+        where: list[str] = []
+        params: list[Any] = []
+        since = None if search.since is None else search.since.isoformat()
+        until = None if search.until is None else search.until.isoformat()
+        if search.entity:
+            (name, value), *others = search.entity
+            sql = f'{self._select} JOIN "{self._keys}" k ON k.query_id = l.query_id'
+            where.append("k.name = ? AND k.value = ?")
+            params += [name, value]
+            order = "k.now"
+            for other_name, other_value in others:
+                where.append(
+                    f'l.query_id IN (SELECT query_id FROM "{self._keys}" '
+                    "WHERE name = ? AND value = ?)"
+                )
+                params += [other_name, other_value]
+        else:
+            sql, order = self._select, "l.now"
+        if since is not None:
+            where.append(f"{order} >= ?")
+            params.append(since)
+        if until is not None:
+            where.append(f"{order} < ?")
+            params.append(until)
+        if plans is not None:
+            where.append(f"l.plan IN ({', '.join('?' * len(plans))})")
+            params += plans
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += f" ORDER BY {order} DESC, l.query_id DESC LIMIT ?"
+        params.append(search.limit)
+        return self._read(sql, params)
 
     def _close_reader(self) -> None:
         if self._reader is not None:
