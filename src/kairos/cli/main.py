@@ -1,7 +1,8 @@
-"""`kairos query` and `kairos explain` over a project folder, on embedded defaults.
+"""`kairos query`, `kairos explain` and `kairos log` over a project folder, on embedded defaults.
 
 kairos query --project examples/fraud --in user.id=u0001 --out user.risk --out user.name
 kairos explain --project examples/fraud --in user.id --out user.risk
+kairos log list --project examples/fraud --entity user.id=u0001 --since 1h --model risk
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from kairos.cli.llm_path import breakdown, token_table
 from kairos.cli.models import add_models_commands
 from kairos.cli.scaffold import init
 from kairos.cli.serve import serve
-from kairos.cli.tables import cell, grid
+from kairos.cli.tables import cell, grid, short
 from kairos.client import Client
 from kairos.engine.result import QueryResult
 from kairos.errors import KairosError
+from kairos.stores.query_log import LoggedQuery
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,6 +90,18 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--project", default=".")
     show.add_argument("--json", action="store_true")
     show.set_defaults(run=_log_show)
+    found = log_commands.add_parser("list", help="find logged decisions, newest first")
+    found.add_argument("--project", default=".")
+    found.add_argument(
+        "--entity", action="append", default=[], metavar="FEATURE=KEY", help="e.g. user.id=u1"
+    )
+    found.add_argument("--since", help="ISO time, or a duration back from now: 1h")
+    found.add_argument("--until", help="ISO time, or a duration back from now (exclusive)")
+    found.add_argument("--feature", help="decisions whose plan touched this feature")
+    found.add_argument("--model", help="decisions that called this model: risk@v2, or risk")
+    found.add_argument("--limit", type=int, default=100)
+    found.add_argument("--json", action="store_true", help="print the whole records as JSON")
+    found.set_defaults(run=_log_list)
 
     query = commands.add_parser("query", help="compute features for one entity")
     query.add_argument("--project", default=".", help="project folder (default: .)")
@@ -161,6 +175,42 @@ def _log_show(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     print(grid(("feature", "value", "source", "version", "observed_at", "error"), rows))
     return 0
+
+
+def _log_list(args: argparse.Namespace) -> int:
+    entity = {}
+    for pair in args.entity:
+        name, sep, key = pair.partition("=")
+        if not sep or not name:
+            raise KairosError(f"--entity {pair!r} needs a key: --entity {pair or 'user.id'}=KEY")
+        entity[name] = key
+    with Client(args.project) as client:
+        records = client.log.search(
+            entity=entity,
+            since=args.since,
+            until=args.until,
+            feature=args.feature,
+            model=args.model,
+            limit=args.limit,
+        )
+    if args.json:
+        body = {"records": [record.to_dict() for record in records]}
+        print(json.dumps(body, default=_json_value, indent=2))
+    elif not records:
+        print("no logged decision matches", file=sys.stderr)
+    else:
+        print(grid(("query_id", "now", "duration", "outputs"), [_listed(r) for r in records]))
+    return 0
+
+
+def _listed(record: LoggedQuery) -> tuple[str, str, str, str]:
+    outputs = ", ".join(f"{name}={cell(v.value)}" for name, v in record.outputs.items())
+    return (record.query_id, cell(record.now), f"{record.duration_ms:.2f} ms", short(outputs))
+
+
+def _json_value(value: Any) -> Any:
+    """What `json` cannot write itself: times in ISO 8601, anything else as text."""
+    return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
 def _remote(url: str, inputs: dict[str, Any], outputs: list[str], now: datetime | None) -> Any:

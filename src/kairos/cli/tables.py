@@ -1,5 +1,5 @@
-"""Plain text tables of the command line: a grid of left-aligned columns, and how a value reads
-in one of its cells.
+"""Plain text tables of the command line: a grid of left-aligned columns, how a value reads
+in one of its cells, and long text cut to fit one.
 
     >>> print(grid(("feature", "value"), [("user.risk", cell(0.25)), ("user.name", cell(None))]))
     feature    value
@@ -33,3 +33,12 @@ def cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)
+
+
+def short(text: str, width: int = 60) -> str:
+    """`text` cut to `width` characters, ending in `...` when cut.
+
+    >>> short("user.risk=0.25, user.name=Ada", 20)
+    'user.risk=0.25, u...'
+    """
+    return text if len(text) <= width else text[: max(width - 3, 0)] + "..."

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -13,12 +14,14 @@ from datetime import datetime
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from kairos.client.client import QUERY_ID, Client
 from kairos.client.config import ServerConfig
+from kairos.client.decisions import MAX_LIMIT, moment
 from kairos.errors import (
     BackendUnavailable,
     DefinitionError,
@@ -105,6 +108,63 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+_SEARCH = ("entity", "since", "until", "feature", "model", "limit")
+# `+00:00` sent unescaped in a query string arrives as ` 00:00`
+_SPACED_OFFSET = re.compile(r"(T[0-9:.]+) ([0-9]{2}:?[0-9]{2})$")
+
+
+def _search_options(params: QueryParams) -> dict[str, Any]:
+    """`GET /v1/log` parameters as `client.log.parse` arguments; a bad one is a 400 naming it.
+
+    >>> _search_options(QueryParams("entity=user.id:u1&since=1h&limit=10"))["entity"]
+    {'user.id': 'u1'}
+    """
+    unknown = sorted(set(params) - set(_SEARCH))
+    if unknown:
+        raise HTTPProblem(
+            400, "invalid_query", f"unknown parameter {unknown[0]!r}; use {', '.join(_SEARCH)}",
+            unknown[0],
+        )  # fmt: skip
+    for name in _SEARCH[1:]:
+        if len(params.getlist(name)) > 1:
+            raise HTTPProblem(400, "invalid_query", f"give {name} once", name)
+    entity: dict[str, str] = {}
+    for pair in params.getlist("entity"):
+        name, colon, key = pair.partition(":")
+        if not colon or not name:
+            raise HTTPProblem(
+                400, "invalid_query",
+                f"entity={pair!r} must be FEATURE:KEY, e.g. entity=user.id:u1", "entity",
+            )  # fmt: skip
+        if entity.setdefault(name, key) != key:
+            raise HTTPProblem(
+                400, "invalid_query", f"entity names {name!r} twice; give each key once", "entity"
+            )
+    options: dict[str, Any] = {"entity": entity}
+    for name in ("since", "until"):
+        text = params.get(name)
+        if text is not None:
+            try:
+                options[name] = moment(_SPACED_OFFSET.sub(r"\1+\2", text), name)
+            except OverflowError:  # a duration back past year 1
+                raise HTTPProblem(
+                    400, "invalid_query",
+                    f"{name}={text!r} reaches back before year 1; give an ISO time or a "
+                    "shorter duration", name,
+                ) from None  # fmt: skip
+    for name in ("feature", "model"):
+        options[name] = params.get(name)
+    limit = params.get("limit")
+    if limit is not None:
+        if not (limit.isascii() and limit.isdigit() and len(limit) <= 9):
+            raise HTTPProblem(
+                400, "invalid_query", f"limit={limit!r} must be a whole number 1..{MAX_LIMIT}",
+                "limit",
+            )  # fmt: skip
+        options["limit"] = int(limit)
+    return options
+
+
 def _error_status(error: KairosError) -> HTTPProblem:
     code = type(error).__name__
     if isinstance(error, UnknownFeature | InvalidInput | PlanError | DefinitionError):
@@ -120,7 +180,7 @@ class Server:
     def __init__(self, client: Client, config: ServerConfig) -> None:
         self.client = client
         self.keys = [k.encode() for k in config.keys]
-        self.metrics = Metrics()
+        self.metrics = Metrics(query_log_dropped=lambda: client.log.store.dropped)
 
     def authorized(self, request: Request) -> bool:
         if not self.keys:
@@ -275,6 +335,15 @@ class Server:
             raise HTTPProblem(404, "not_found", f"no logged query {query_id!r}", "query_id")
         return json_response(record.to_dict())
 
+    async def log_search(self, request: Request) -> Response:
+        """Decisions newest first: `?entity=user.id:u1&since=1h&model=risk@v2&limit=50`."""
+        try:
+            search = self.client.log.parse(**_search_options(request.query_params))
+        except InvalidInput as error:
+            raise HTTPProblem(400, "invalid_query", str(error), error.field) from None
+        records = await asyncio.to_thread(self.client.log.store.search, search)
+        return json_response({"records": [record.to_dict() for record in records]})
+
     async def healthz(self, request: Request) -> Response:
         return json_response({"status": "ok"})
 
@@ -311,6 +380,7 @@ def create_app(
         Route("/v1/query/plan", r("query_plan", server.query_plan), methods=["POST"]),
         Route("/v1/query/offline", r("query_offline", server.query_offline), methods=["POST"]),
         Route("/v1/events/{namespace}", r("events", server.write_events), methods=["POST"]),
+        Route("/v1/log", r("log_search", server.log_search), methods=["GET"]),
         Route("/v1/log/{query_id}", r("log_get", server.log_get), methods=["GET"]),
         Route("/healthz", r("healthz", server.healthz, public=True), methods=["GET"]),
         Route("/readyz", r("readyz", server.readyz, public=True), methods=["GET"]),

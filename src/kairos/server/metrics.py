@@ -1,13 +1,17 @@
 """Prometheus metrics of one server: requests and latency by endpoint, latency per resolver,
-cache hits and misses (their ratio is the hit ratio), and for queries that reach an LLM the
-whole path by model: context assembly, queue, time to first token, decode, tokens/s, total."""
+cache hits and misses (their ratio is the hit ratio), query log records dropped, and for
+queries that reach an LLM the whole path by model: context assembly, queue, time to first
+token, decode, tokens/s, total."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from kairos.engine.result import NodeTiming
 
@@ -33,9 +37,26 @@ _LLM_FIELDS = {
 }
 
 
+class _QueryLogDropped(Collector):
+    """`kairos_query_log_dropped_total`, read from the log when /metrics is rendered (the log
+    counts its drops itself, also those of queries made outside the server)."""
+
+    def __init__(self, dropped: Callable[[], int]) -> None:
+        self._dropped = dropped
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "kairos_query_log_dropped",
+            "Query log records not kept: given to append() while the queue was full or the "
+            "log closed (queries wait for the writer instead)",
+            value=self._dropped(),
+        )
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, query_log_dropped: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry()
+        self.registry.register(_QueryLogDropped(query_log_dropped))
         self.requests = Counter(
             "kairos_requests", "HTTP requests", ["endpoint", "status"], registry=self.registry
         )

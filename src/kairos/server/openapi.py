@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kairos.client.decisions import MAX_LIMIT
+
 _ERROR = {
     "type": "object",
     "required": ["error"],
@@ -34,7 +36,7 @@ _COMMON = {
 
 def _errors(*statuses: int) -> dict[str, Any]:
     text = {
-        400: "Malformed JSON or a bad option",
+        400: "Malformed JSON, a bad option or query parameter",
         401: "Missing or wrong bearer token",
         404: "Not found",
         413: "Body too large",
@@ -182,6 +184,35 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/log": {
+                "get": {
+                    "summary": "Search the logged decisions, newest first",
+                    "description": "Every record whose inputs had each entity key, whose "
+                    "`now` is in [since, until), whose plan touched `feature` and called "
+                    "`model`. since/until are ISO times or durations back from now (`1h`).",
+                    "parameters": _search_parameters(),
+                    "responses": {
+                        "200": {
+                            "description": "The records, as GET /v1/log/{query_id} shows each",
+                            "content": {
+                                "application/json": {
+                                    "schema": {
+                                        "type": "object",
+                                        "required": ["records"],
+                                        "properties": {
+                                            "records": {
+                                                "type": "array",
+                                                "items": {"type": "object"},
+                                            }
+                                        },
+                                    }
+                                }
+                            },
+                        },
+                        **_errors(400, 401),
+                    },
+                }
+            },
             "/v1/log/{query_id}": {
                 "get": {
                     "summary": "What a logged decision saw",
@@ -228,6 +259,29 @@ def openapi_document() -> dict[str, Any]:
             **_model_paths(),
         },
     }
+
+
+def _search_parameters() -> list[dict[str, Any]]:
+    text = {"type": "string"}
+    return [
+        {
+            "name": "entity",
+            "in": "query",
+            "description": "FEATURE:KEY, e.g. user.id:u1; repeat for more keys",
+            "schema": {"type": "array", "items": text},
+            "style": "form",
+            "explode": True,
+        },
+        {"name": "since", "in": "query", "description": "ISO time or `1h`", "schema": text},
+        {"name": "until", "in": "query", "description": "ISO time or `10m`", "schema": text},
+        {"name": "feature", "in": "query", "description": "e.g. user.risk", "schema": text},
+        {"name": "model", "in": "query", "description": "risk@v2, or risk", "schema": text},
+        {
+            "name": "limit",
+            "in": "query",
+            "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 100},
+        },
+    ]
 
 
 def _path_params(*names: str) -> list[dict[str, Any]]:
