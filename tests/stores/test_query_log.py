@@ -26,6 +26,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 from psycopg import sql
@@ -534,3 +535,31 @@ def test_a_records_dict_is_what_the_log_gives_back(tmp_path: Path) -> None:
         log.append(record)
         got = log.get("as-dict")
     assert got is not None and got.to_dict() == record.to_dict()
+
+
+def test_each_value_is_stored_once_and_rows_as_columns(tmp_path: Path) -> None:
+    """An output is not stored again among the values, and a has-many's column names are
+    written once per value, not once per row."""
+    rows = [{"id": f"t{i}", "amount": float(i), "status": "ok"} for i in range(200)]
+    record = make_record("compact", 1)
+    record = LoggedQuery(
+        record.query_id, record.now, record.inputs, record.outputs, record.duration_ms,
+        record.trace, record.logged_at,
+        values={
+            **record.outputs,
+            "user.transactions": LoggedValue(rows, T0, "resolver:txns", "v2", None, None),
+        },
+    )  # fmt: skip
+    with BatchedQueryLog.sqlite(tmp_path / "log.db") as log:
+        log.append(record)
+        got = log.get("compact")
+    assert got is not None and got.values["user.transactions"].value == rows
+    assert list(got.values) == ["user.transactions", "user.balance", "user.txn_count[7d]"]
+    with sqlite3.connect(tmp_path / "log.db") as db:
+        stored, outputs = db.execute(
+            "select feature_values, outputs from kairos_query_log where query_id = 'compact'"
+        ).fetchone()
+    assert "user.balance" in outputs and "user.balance" not in stored
+    assert stored.count('"amount"') == 1 and '"$rows"' in stored
+    naive = len(orjson.dumps(rows))
+    assert len(stored) < 0.6 * naive
