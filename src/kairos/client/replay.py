@@ -180,15 +180,17 @@ class ReplayResult:
         if s["llm"]:
             lines += [
                 "",
-                "| LLM feature | | calls | mean prompt tokens | mean TTFT ms | cost USD |",
-                "|---|---|---:|---:|---:|---:|",
+                "| LLM feature | | calls | mean prompt tokens | p50 TTFT ms | p99 TTFT ms "
+                "| cost USD |",
+                "|---|---|---:|---:|---:|---:|---:|",
             ]
             for name, both in s["llm"].items():
                 for when in ("logged", "replayed"):
                     st = both[when]
                     lines.append(
                         f"| {name} | {when} | {st['calls']} | {_fmt(st['mean_prompt_tokens'])} "
-                        f"| {_fmt(st['mean_ttft_ms'])} | {_fmt(st['cost_usd'])} |"
+                        f"| {_fmt(st['p50_ttft_ms'])} | {_fmt(st['p99_ttft_ms'])} "
+                        f"| {_fmt(st['cost_usd'])} |"
                     )
         return "\n".join(lines) + "\n"
 
@@ -439,12 +441,23 @@ def _llm_stats(calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         return sum(found) / len(found) if found else None
 
     costs = [c["cost_usd"] for c in calls if _number(c.get("cost_usd"))]
+    ttft = sorted(c["ttft_ms"] for c in calls if _number(c.get("ttft_ms")))
     return {
         "calls": len(calls),
         "mean_prompt_tokens": mean("prompt_tokens"),
+        "mean_completion_tokens": mean("completion_tokens"),
         "mean_ttft_ms": mean("ttft_ms"),
+        "p50_ttft_ms": _quantile(ttft, 0.5),
+        "p99_ttft_ms": _quantile(ttft, 0.99),
         "cost_usd": sum(costs) if costs else None,
     }
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float | None:
+    """The nearest-rank quantile of sorted values (None when there are none)."""
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def _fmt(value: Any) -> str:
