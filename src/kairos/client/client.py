@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from kairos.client.backfill import BackfillReport, Progress, materialize
 from kairos.client.config import Config
 from kairos.client.decisions import DecisionLog
+from kairos.client.evaluate import Evaluation, evaluate
 from kairos.client.events import event_class, foreign_keys, persist, stored_events, typed_events
 from kairos.client.fingerprint import definitions_fingerprint
 from kairos.client.inputs import check_inputs
@@ -134,7 +135,7 @@ class Client:
         # Backends that start threads come last, each closed again if a later one fails.
         log = self.config.query_log if query_log is None else query_log
         opened: QueryLog = query_log_from_url(log) if isinstance(log, str) else log
-        self.log = DecisionLog(opened, FeatureNames(self.graph))
+        self.log = DecisionLog(opened, FeatureNames(self.graph), lambda: self.datasets)
         self._logging = not isinstance(opened, NullQueryLog)
         store = self.config.online_store if online_store is None else online_store
         try:
@@ -422,6 +423,46 @@ class Client:
         )
         definitions = definitions_fingerprint(runtime.graph, runtime.resolvers)
         return await replay(runtime, records, changed, definitions)
+
+    def evaluate(
+        self,
+        replayed: ReplayResult,
+        labels: Any,
+        *,
+        metrics: Sequence[str],
+        label: str = "label",
+        timestamp: str = "ts",
+        horizon: DurationLike | None = None,
+        features: Sequence[Any] | None = None,
+        schema: Mapping[str, Any] | None = None,
+        judge_model: str | None = None,
+        threshold: float = 0.5,
+        report: str | Path | None = None,
+    ) -> Evaluation:
+        """Score a replay's logged and replayed values against `labels` (keyed by query_id,
+        or by entity + ts) with `metrics` (accuracy, auc, log_loss, mae; exact_match,
+        json_valid, contains, judge); with `report=` a folder, write report.md and scores.png
+        there. The rules: kairos.client.evaluate.
+
+        >>> client.evaluate(result, outcomes, metrics=["auc"]).metrics  # doctest: +SKIP
+        """
+        return self._sync(
+            evaluate(
+                replayed,
+                labels,
+                metrics=metrics,
+                names=self.name,
+                chat=self.llm,
+                label=label,
+                timestamp=timestamp,
+                horizon=horizon,
+                features=features,
+                schema=schema,
+                judge_model=judge_model,
+                threshold=threshold,
+                report=report,
+            )
+        )
 
     def write_events(self, events_of: Any, rows: Sequence[Mapping[str, Any]]) -> int:
         """Add rows of an `@features(events=True)` class; windowed aggregates over them are

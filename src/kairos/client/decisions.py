@@ -9,14 +9,18 @@ Every method of the underlying `QueryLog` (append, flush, recent, close...) is h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa
+
+from kairos.client.offline import Datasets, OfflineResult
 from kairos.client.runtime import FeatureNames
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.engine.values import to_utc
-from kairos.errors import DefinitionError, InvalidInput, InvalidValue
+from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError
+from kairos.stores.datasets import DatasetVersion
 from kairos.stores.query_log import LoggedQuery, QueryLog, Search
 from kairos.stores.query_log.records import search_key
 
@@ -27,9 +31,15 @@ MAX_LIMIT = 1_000_000
 class DecisionLog:
     """The query log with search in the project's feature names."""
 
-    def __init__(self, log: QueryLog, names: FeatureNames) -> None:
+    def __init__(
+        self,
+        log: QueryLog,
+        names: FeatureNames,
+        datasets: Callable[[], Datasets] | None = None,
+    ) -> None:
         self.store = log
         self._names = names
+        self._datasets = datasets  # where to_dataset(name=...) saves (client.datasets)
 
     def __getattr__(self, name: str) -> Any:  # append, flush, recent, close, dropped...
         return getattr(self.store, name)
@@ -95,6 +105,73 @@ class DecisionLog:
             limit,
         )
 
+    def to_dataset(
+        self,
+        *,
+        features: Sequence[Any],
+        since: datetime | DurationLike | None = None,
+        until: datetime | DurationLike | None = None,
+        entity: Mapping[Any, Any] | None = None,
+        name: str | None = None,
+        limit: int = 100_000,
+    ) -> OfflineResult | DatasetVersion:
+        """The values the decisions were served, as a training set ("log and wait"): one row
+        per decision that logged any of `features` (oldest first), with columns `query_id`,
+        `now`, the decision's inputs (`user.id`) and one per feature (null where a decision
+        did not log it; has-many values kept as lists of rows). With `name`, saved with
+        `client.datasets` at once and the saved version returned.
+
+        >>> client.log.to_dataset(since="7d", features=[User.risk], name="served")  # doctest: +SKIP
+        """
+        if isinstance(features, str) or not isinstance(features, Sequence) or not features:
+            raise InvalidInput(
+                "features must be a non-empty list of features, e.g. [User.risk]",
+                field="features",
+            )
+        wanted = list(dict.fromkeys(self._name(f, "features") for f in features))
+        found = self.search(entity=entity, since=since, until=until, limit=limit)
+        records = [r for r in reversed(found) if any(n in r.values for n in wanted)]
+        if not records:
+            raise InvalidInput(
+                f"no logged decision in this range has any of {', '.join(wanted)}; widen "
+                "since/until or check that the query log is on",
+                field="features",
+            )
+        inputs = [n for n in dict.fromkeys(k for r in records for k in r.inputs) if n not in wanted]
+        columns: dict[str, list[Any]] = {
+            "query_id": [r.query_id for r in records],
+            "now": [r.now for r in records],
+            **{n: [r.inputs.get(n) for r in records] for n in inputs},
+            **{n: [_served(r, n) for r in records] for n in wanted},
+        }
+        arrays = {}
+        for column, values in columns.items():
+            try:
+                arrays[column] = pa.array(values)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as error:
+                raise InvalidInput(
+                    f"features: the logged values of {column!r} do not fit one column "
+                    f"({error}); leave it out",
+                    field="features",
+                ) from None
+        query = {
+            "log": {
+                "since": _iso(moment(since, "since")),
+                "until": _iso(moment(until, "until")),
+                "entity": {self._name(k, "entity"): v for k, v in (entity or {}).items()},
+                "limit": limit,
+            },
+            "outputs": wanted,
+            "timestamp": "now",
+            "decisions": len(records),
+        }
+        result = OfflineResult(pa.table(arrays), [], query)
+        if name is None:
+            return result
+        if self._datasets is None:
+            raise KairosError("this log has no dataset store to save to; call without name=")
+        return self._datasets().save(name, result)
+
     def _name(self, feature: Any, field: str) -> str:
         try:
             return self._names(feature)
@@ -103,6 +180,15 @@ class DecisionLog:
 
     def __repr__(self) -> str:
         return f"<DecisionLog {getattr(self.store, 'name', type(self.store).__name__)}>"
+
+
+def _served(record: LoggedQuery, name: str) -> Any:
+    found = record.values.get(name)
+    return None if found is None else found.value
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
 
 
 def moment(value: datetime | DurationLike | None, field: str) -> datetime | None:
