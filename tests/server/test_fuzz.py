@@ -45,7 +45,7 @@ def errors_are_json(ctx: Any, response: Any, case: Any) -> None:
 def test_the_fuzzed_document_is_the_one_the_app_serves(fuzzed_app: Starlette) -> None:
     served = schemathesis.openapi.from_asgi("/openapi.json", fuzzed_app)
     assert served.raw_schema == openapi_document()
-    assert len(list(schema.get_all_operations())) == 18
+    assert len(list(schema.get_all_operations())) == 19
 
 
 @pytest.mark.slow

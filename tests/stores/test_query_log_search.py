@@ -217,18 +217,7 @@ def test_since_is_inclusive_and_until_exclusive(open_log: Open) -> None:
     assert found(log, Search(until=since)) == ["q0"]
 
 
-def test_times_in_other_offsets_compare_as_instants(
-    open_log: Open, request: pytest.FixtureRequest
-) -> None:
-    if request.node.callspec.params["open_log"] == "sqlite":
-        # Clients log `now` in UTC; a record appended directly with another offset is not.
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="SQLite stores `now` as ISO text with its offset and compares the text; "
-                "write_batch should store it in UTC",
-            )
-        )
+def test_times_in_other_offsets_compare_as_instants(open_log: Open) -> None:
     log = open_log()
     india = timezone(timedelta(hours=5, minutes=30))
     # 14:00 in +05:30 is 08:30 UTC: before T0, though its text sorts after
@@ -293,6 +282,7 @@ def test_a_log_file_of_the_previous_schema_keeps_its_rows_and_is_searchable(
         by_time = found(log, Search(since=old_now - timedelta(minutes=1)))
         older_only = found(log, Search(until=T0))
         new_by_entity = found(log, Search(entity=(("user.id", "u1"),), since=T0))
+        every_by_entity = found(log, Search(entity=(("user.id", "u1"),)))
 
     assert old is not None
     assert old.inputs == {"user.id": "u1"}
@@ -304,7 +294,42 @@ def test_a_log_file_of_the_previous_schema_keeps_its_rows_and_is_searchable(
     assert by_time == ["new-1", "old-1"]
     assert older_only == ["old-1"]
     assert new_by_entity == ["new-1"]
+    assert every_by_entity == ["new-1", "old-1"]  # the older row's key indexed on opening
     with sqlite3.connect(path) as conn:
         (rows,) = conn.execute("SELECT count(*) FROM kairos_query_log").fetchone()
     conn.close()
     assert rows == 2
+
+
+def test_a_postgres_log_of_the_previous_schema_is_migrated_and_searchable() -> None:
+    table = f"kairos_qlog_old_{uuid.uuid4().hex[:10]}"
+    old_now = T0 - timedelta(hours=1)
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (seq bigint GENERATED ALWAYS AS IDENTITY, query_id text "
+                "PRIMARY KEY, now timestamptz NOT NULL, inputs json NOT NULL, outputs json NOT "
+                "NULL, trace json NOT NULL, duration_ms double precision NOT NULL, logged_at "
+                "timestamptz NOT NULL)"
+            ).format(sql.Identifier(table))
+        )
+        conn.execute(
+            sql.SQL("INSERT INTO {} (query_id, now, inputs, outputs, trace, duration_ms, "
+                    "logged_at) VALUES (%s, %s, %s, '{{}}', '[]', 1.0, %s)").format(
+                sql.Identifier(table)
+            ),
+            ("old-1", old_now, orjson.dumps({"user.id": "u1", "n": 7, "x": 1.5}).decode(), old_now),
+        )  # fmt: skip
+    try:
+        with BatchedQueryLog.postgres(PG_URL, table=table) as log:
+            log.append(decision("new-1", T0, {"user.id": "u1"}, PLANS[0]))
+            by_entity = found(log, Search(entity=(("user.id", "u1"),)))
+            by_int = found(log, Search(entity=(("n", "7"),)))
+            by_float = found(log, Search(entity=(("x", "1.5"),)))
+            old = log.get("old-1")
+        assert by_entity == ["new-1", "old-1"] and by_int == ["old-1"] and by_float == []
+        assert old is not None and old.inputs["n"] == 7 and old.plan is None
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            for name in (table, f"{table}_keys", f"{table}_plans"):
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))

@@ -22,6 +22,7 @@ from kairos.cli.gateway import add_gateway_commands
 from kairos.cli.history import materialize, offline
 from kairos.cli.llm_path import breakdown, token_table
 from kairos.cli.models import add_models_commands
+from kairos.cli.replay import add_replay_command
 from kairos.cli.scaffold import init
 from kairos.cli.serve import serve
 from kairos.cli.tables import cell, grid, short
@@ -127,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     add_gateway_commands(commands)
     add_deploy_commands(commands)
     add_models_commands(commands)
+    add_replay_command(commands)
     return parser
 
 

@@ -399,7 +399,11 @@ class Client:
         recompute: Sequence[Any] = (),
     ) -> ReplayResult:
         if query_ids is not None:
-            if isinstance(query_ids, str) or not isinstance(query_ids, Sequence):
+            if (
+                isinstance(query_ids, str)
+                or not isinstance(query_ids, Sequence)
+                or not all(isinstance(q, str) for q in query_ids)
+            ):
                 raise InvalidInput("query_ids must be a list of query ids", field="query_ids")
             found = await asyncio.to_thread(lambda: [self.log.get(q) for q in query_ids])
             missing = [q for q, r in zip(query_ids, found, strict=True) if r is None]
@@ -416,9 +420,9 @@ class Client:
             self._runtime,
             self.models,
             pins=models,
-            features={self.name(k): v for k, v in (features or {}).items()},
+            features={self._known(k, "features"): v for k, v in (features or {}).items()},
             resolvers=resolvers,
-            recompute=[self.name(f) for f in recompute],
+            recompute=[self._known(f, "recompute") for f in recompute],
             completer=lambda: self.llm,
         )
         definitions = definitions_fingerprint(runtime.graph, runtime.resolvers)
@@ -612,6 +616,13 @@ class Client:
         counter, so one client's ids sort in the order its queries finished."""
         return f"{self._id_prefix}{next(self._id_counter):016x}"
 
+    def _known(self, feature: Any, field: str) -> str:
+        """The name of a feature the project has; an unknown one is bad input for `field`."""
+        try:
+            return self._runtime.name.known(feature)
+        except KairosError as error:
+            raise InvalidInput(f"{field}: {error}", field=field) from None
+
     def _staleness(self, staleness: Mapping[Any, DurationLike] | None) -> dict[str, timedelta]:
         limits = {}
         for key, value in (staleness or {}).items():
@@ -670,25 +681,29 @@ class Client:
             for call in calls.llm
         )
         records = []
+        now = meta.now
+        ages: dict[datetime, float] = {}  # cached values mostly share one observed_at
+        made = tuple.__new__  # a LoggedValue without its keyword-argument constructor
         for row in range(meta.rows):
             kept = {}
             for name, col in values.items():
                 error = col.errors[row]
                 source = col.source[row]
                 observed = col.observed_at[row]
-                kept[name] = LoggedValue(
-                    col.values[row],
-                    observed,
-                    source,
-                    versions.get(name)
-                    if source not in (None, "cache", "input", "default")
-                    else None,
-                    error.code if error else None,
-                    error.message if error else None,
-                    (meta.now - observed).total_seconds()
-                    if source == "cache" and observed is not None
-                    else None,
-                )
+                value = col.values[row]
+                fields: tuple[Any, ...]
+                if source == "cache" and observed is not None:
+                    age = ages.get(observed)
+                    if age is None:
+                        age = ages[observed] = (now - observed).total_seconds()
+                    fields = (value, observed, source, None, None, None, age)
+                elif source in _UNVERSIONED:
+                    fields = (value, observed, source, None, None, None, None)
+                else:
+                    fields = (value, observed, source, versions.get(name), None, None, None)
+                if error is not None:
+                    fields = (*fields[:4], error.code, error.message, fields[6])
+                kept[name] = made(LoggedValue, fields)
             trace_of_row = trace
             llm_of_row = llm.get(row, []) + (llm.get(None, []) if meta.rows == 1 else [])
             if llm_of_row:  # the LLM calls of a decision: tokens by feature, each stage's time
@@ -793,6 +808,8 @@ class Client:
 QUERY_ID = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
 
 
+# sources whose values no code version made
+_UNVERSIONED = frozenset({None, "cache", "input", "default"})
 # what only a decision record keeps of an LLM call (not a query's reply, nor its trace)
 _FULL_ONLY = frozenset({"messages", "answer", "cost_by_feature"})
 

@@ -174,8 +174,8 @@ class DecisionLog:
 
     def _name(self, feature: Any, field: str) -> str:
         try:
-            return self._names(feature)
-        except (DefinitionError, InvalidInput, KeyError) as error:
+            return self._names.known(feature)
+        except (KairosError, KeyError) as error:
             raise InvalidInput(f"{field}: {error}", field=field) from None
 
     def __repr__(self) -> str:

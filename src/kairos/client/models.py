@@ -105,10 +105,10 @@ class Models:
                     f"models[{name!r}] must be a version number or an alias, got {pin!r}",
                     field="models",
                 )
-            if isinstance(pin, int):
-                self.store.get(name, pin, None)  # must exist: UnknownModel names it
-            else:
-                self.store.get(name, None, pin)
+            try:
+                self.store.get(name, pin if isinstance(pin, int) else None, _alias(pin))
+            except UnknownModel as error:
+                raise InvalidInput(f"models[{name!r}]: {error}", field="models") from None
         made = []
         for output, options, inputs in self._features:
             found = pins.get(options.model)
@@ -383,3 +383,7 @@ def _table(data: Any) -> pyarrow.Table:
         "result, an Arrow table or a pandas DataFrame",
         field="data",
     )
+
+
+def _alias(pin: int | str) -> str | None:
+    return pin if isinstance(pin, str) else None

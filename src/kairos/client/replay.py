@@ -30,7 +30,7 @@ from kairos.planner.plan import Plan
 from kairos.resolvers.calls import CALLS, Calls
 from kairos.resolvers.llm import Completer, CompletionResolver, completion_resolver
 from kairos.resolvers.model import ModelResolver
-from kairos.stores.query_log import LoggedQuery
+from kairos.stores.query_log import LoggedQuery, collector_paused
 
 if TYPE_CHECKING:
     import pandas
@@ -266,6 +266,16 @@ async def replay(
 ) -> ReplayResult:
     """Re-run `records` on `runtime` (the client's, with the changed definitions), taking the
     logged value of every column not downstream of a feature in `changed`."""
+    with collector_paused(len(records) >= 1000):
+        return await _replay(runtime, records, changed, definitions)
+
+
+async def _replay(
+    runtime: Runtime,
+    records: Sequence[LoggedQuery],
+    changed: set[str],
+    definitions: str,
+) -> ReplayResult:
     started = time.perf_counter()
     groups: dict[tuple[Any, ...], list[LoggedQuery]] = {}
     for record in records:

@@ -85,6 +85,13 @@ class FeatureNames:
             return found
         return self._graph.ref(feature).fqn
 
+    def known(self, feature: Any) -> str:
+        """The canonical name of a feature the graph has (an unknown one raises, with the
+        names it may have meant)."""
+        name = self(feature)
+        self._graph.info(self._graph.ref(name))
+        return name
+
 
 @dataclass(frozen=True, slots=True)
 class Runtime:

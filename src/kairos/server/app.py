@@ -34,6 +34,7 @@ from kairos.server.bodies import HTTPProblem, json_response, problem_response, r
 from kairos.server.metrics import Metrics
 from kairos.server.models_routes import model_routes
 from kairos.server.openapi import openapi_document
+from kairos.server.replay_routes import replay_routes
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -180,7 +181,10 @@ class Server:
     def __init__(self, client: Client, config: ServerConfig) -> None:
         self.client = client
         self.keys = [k.encode() for k in config.keys]
-        self.metrics = Metrics(query_log_dropped=lambda: client.log.store.dropped)
+        self.metrics = Metrics(
+            query_log_dropped=lambda: client.log.store.dropped,
+            query_log_lost=lambda: client.log.store.lost,
+        )
 
     def authorized(self, request: Request) -> bool:
         if not self.keys:
@@ -387,6 +391,7 @@ def create_app(
         Route("/metrics", r("metrics", server.metrics_endpoint), methods=["GET"]),
         Route("/openapi.json", r("openapi", server.openapi, public=True), methods=["GET"]),
         *model_routes(client, r),
+        *replay_routes(client, r),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:

@@ -41,11 +41,24 @@ def _default(value: Any) -> Any:
 
 
 def json_response(body: Any, status: int = 200) -> Response:
-    return Response(
-        orjson.dumps(body, default=_default, option=orjson.OPT_NON_STR_KEYS),
-        status_code=status,
-        media_type="application/json",
-    )
+    try:
+        data = orjson.dumps(body, default=_default, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:  # an int past 64 bits (a logged value): as its digits
+        data = orjson.dumps(_wide_ints(body), default=_default, option=orjson.OPT_NON_STR_KEYS)
+    return Response(data, status_code=status, media_type="application/json")
+
+
+def _wide_ints(tree: Any) -> Any:
+    """`tree` with every int orjson cannot write (beyond 64 bits) as its decimal text."""
+    if isinstance(tree, bool):
+        return tree
+    if isinstance(tree, int):
+        return tree if -(2**63) <= tree < 2**64 else str(tree)
+    if isinstance(tree, dict):
+        return {key: _wide_ints(value) for key, value in tree.items()}
+    if isinstance(tree, list | tuple | set | frozenset):
+        return [_wide_ints(item) for item in tree]
+    return tree
 
 
 def problem_response(problem: HTTPProblem) -> Response:

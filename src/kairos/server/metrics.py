@@ -41,8 +41,9 @@ class _QueryLogDropped(Collector):
     """`kairos_query_log_dropped_total`, read from the log when /metrics is rendered (the log
     counts its drops itself, also those of queries made outside the server)."""
 
-    def __init__(self, dropped: Callable[[], int]) -> None:
+    def __init__(self, dropped: Callable[[], int], lost: Callable[[], int]) -> None:
         self._dropped = dropped
+        self._lost = lost
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(
@@ -51,12 +52,22 @@ class _QueryLogDropped(Collector):
             "log closed (queries wait for the writer instead)",
             value=self._dropped(),
         )
+        yield CounterMetricFamily(
+            "kairos_query_log_lost",
+            "Query log records the writer took but could not write (the database failed for "
+            "longer than the log's retry_for)",
+            value=self._lost(),
+        )
 
 
 class Metrics:
-    def __init__(self, query_log_dropped: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        query_log_dropped: Callable[[], int] = lambda: 0,
+        query_log_lost: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_QueryLogDropped(query_log_dropped))
+        self.registry.register(_QueryLogDropped(query_log_dropped, query_log_lost))
         self.requests = Counter(
             "kairos_requests", "HTTP requests", ["endpoint", "status"], registry=self.registry
         )

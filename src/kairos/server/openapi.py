@@ -213,6 +213,45 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/replay": {
+                "post": {
+                    "summary": "Re-run logged decisions with another model version",
+                    "description": "Decisions by id, or by since/until/entity, re-run as of "
+                    "their logged `now` with `models` pinned (a version number or an alias) "
+                    "or `recompute`d; every value not downstream of the change is the logged "
+                    "one. Answers the summary and the first `rows` rows, changed ones first.",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "query_ids": {"type": "array", "items": {"type": "string"}},
+                                        "since": {"type": "string"},
+                                        "until": {"type": "string"},
+                                        "entity": {"type": "object"},
+                                        "limit": {"type": "integer", "minimum": 1},
+                                        "models": {"type": "object"},
+                                        "recompute": {"type": "array", "items": {"type": "string"}},
+                                        "rows": {"type": "integer", "minimum": 0},
+                                    },
+                                },
+                                "example": {"since": "1d", "models": {"risk": 2}},
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": {
+                            "description": "The summary and rows (query_id, feature, logged, "
+                            "replayed, changed)",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        },
+                        **_errors(400, 401, 413, 422),
+                    },
+                }
+            },
             "/v1/log/{query_id}": {
                 "get": {
                     "summary": "What a logged decision saw",

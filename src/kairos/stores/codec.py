@@ -37,9 +37,11 @@ __all__ = [
     "CorruptValue",
     "UnencodableValue",
     "decode",
+    "decode_text",
     "encode",
     "encode_key",
     "from_micros",
+    "restore",
     "to_micros",
 ]
 
@@ -89,6 +91,24 @@ def decode(data: bytes) -> Any:
     if type(loaded) is list or type(loaded) is dict:
         return _from_json(loaded)
     return loaded
+
+
+def decode_text(text: str) -> Any:
+    """`decode` of JSON text; text with no tag in it (no `"$`) is plain JSON and skips the
+    walk that restores tagged values."""
+    if '"$' in text:
+        return decode(text.encode("utf-8"))
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        raise CorruptValue(f"stored value {text[:40]!r} is not valid JSON: {error}") from None
+
+
+def restore(tree: Any) -> Any:
+    """A value as `encode` was given it, from its parsed JSON (tags restored)."""
+    if type(tree) is list or type(tree) is dict:
+        return _from_json(tree)
+    return tree
 
 
 def encode_key(key: Hashable) -> str:

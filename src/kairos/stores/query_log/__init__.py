@@ -26,7 +26,13 @@ from kairos.backends.url import redact as redact_url
 from kairos.errors import KairosError
 from kairos.stores.query_log.base import DEFAULT_TABLE, NullQueryLog, QueryLog, Search
 from kairos.stores.query_log.batched import BatchedQueryLog
-from kairos.stores.query_log.records import LoggedQuery, LoggedValue, PlanInfo, QueryLogError
+from kairos.stores.query_log.records import (
+    LoggedQuery,
+    LoggedValue,
+    PlanInfo,
+    QueryLogError,
+    collector_paused,
+)
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -38,6 +44,7 @@ __all__ = [
     "QueryLog",
     "QueryLogError",
     "Search",
+    "collector_paused",
     "query_log_from_url",
     "redact_url",
 ]

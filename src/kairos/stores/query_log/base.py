@@ -49,6 +49,11 @@ class QueryLog(Protocol):
         """Records given to `append` that were not queued (queue full, or log closed)."""
         ...
 
+    @property
+    def lost(self) -> int:
+        """Records taken by the writer that could not be written (the database failed)."""
+        ...
+
     def append(self, record: LoggedQuery) -> None:
         """Queue one record; cheap, never blocks on I/O and never raises."""
         ...
@@ -130,6 +135,7 @@ class NullQueryLog:
 
     name = "none://"
     batches_written = 0
+    lost = 0
 
     @property
     def dropped(self) -> int:

@@ -24,6 +24,7 @@ from kairos.stores.query_log.records import (
     _decode_record,
     _encode_record,
     _Row,
+    collector_paused,
 )
 from kairos.stores.query_log.sqlite import _SQLiteBackend
 
@@ -234,7 +235,8 @@ class BatchedQueryLog:
             plans = [f for f, p in self._backend.fetch_plans().items() if search.matches_plan(p)]
             if not plans:
                 return []
-        return [_decode_record(row) for row in self._backend.fetch_search(search, plans)]
+        with collector_paused(search.limit >= 1000):
+            return [_decode_record(row) for row in self._backend.fetch_search(search, plans)]
 
     async def aflush(self, timeout: float = 10.0) -> None:
         await asyncio.to_thread(self.flush, timeout)

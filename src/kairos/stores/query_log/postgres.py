@@ -101,12 +101,28 @@ class _PostgresBackend:
             create.insert(
                 0, sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))
             )
+        older = sql.SQL(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = "
+            "coalesce(%s, current_schema()) AND table_name = %s AND column_name = 'query_id' "
+            "AND NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = "
+            "coalesce(%s, current_schema()) AND table_name = %s "
+            "AND column_name = 'feature_values')"
+        )
+        backfill = sql.SQL(
+            "INSERT INTO {} SELECT j.key, j.value, l.now, l.query_id FROM {} l, "
+            "json_each_text(l.inputs) j WHERE json_typeof(l.inputs -> j.key) = 'string' OR "
+            "(json_typeof(l.inputs -> j.key) = 'number' AND j.value ~ '^-?[0-9]+$') "
+            "ON CONFLICT DO NOTHING"
+        ).format(keys, target)
         try:
             with self._connect() as conn, conn.transaction():
                 # Two servers starting at once would race on CREATE ... IF NOT EXISTS.
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"kairos:{table}",))
+                migrating = conn.execute(older, (schema, table, schema, table)).fetchone()
                 for statement in create:
                     conn.execute(statement)
+                if migrating:  # a log from before decision records: index its entity keys
+                    conn.execute(backfill)
         except Exception as exc:
             # `from None`: the original message may echo the connection string
             raise QueryLogError(

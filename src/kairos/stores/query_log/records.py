@@ -8,27 +8,46 @@ rather than lost.
 
 from __future__ import annotations
 
+import gc
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from kairos.errors import BackendUnavailable
-from kairos.stores.codec import CorruptValue, UnencodableValue, decode, encode
+from kairos.stores.codec import CorruptValue, UnencodableValue, decode_text, encode, restore
+
+
+@contextmanager
+def collector_paused(paused: bool = True) -> Iterator[None]:
+    """Pause the cyclic garbage collector while thousands of records are read or replayed:
+    each allocates many small objects, which would start it over and over, every pass
+    scanning all that was read so far (several times the work itself). Records hold no
+    cycles; whatever else is made meanwhile is collected after."""
+    if not paused or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class QueryLogError(BackendUnavailable):
     """The query log could not be opened, written or read."""
 
 
-@dataclass(frozen=True, slots=True)
-class LoggedValue:
+class LoggedValue(NamedTuple):
     """One feature value of a logged decision: the value, when it was observed, where it came
     from (`cache`, `input`, `default`, `expression`, `window`, `events`, or the resolver or
     model that made it), the version of that code, and for a value served from the cache its
-    age at the query's `now` in seconds (freshness measured, not assumed)."""
+    age at the query's `now` in seconds (freshness measured, not assumed). A named tuple:
+    a record holds one per feature, made and read by the thousand in a replay."""
 
     value: Any
     observed_at: datetime | None
@@ -207,30 +226,51 @@ def _encode_values(
     skip: dict[str, LoggedValue] | None,
     unkept: set[str],
     times: dict[datetime, Any],
+    inputs: dict[str, Any] | None = None,
+    now: datetime | None = None,
 ) -> str | None:
     """Values as the JSON the codec would write for their dicts, built from the known layout:
-    only each value goes through the codec (a Fragment), which is several times faster. None
-    when a name is odd (the caller then lets the codec do all of it)."""
-    encoded = {}
+    only each value goes through the codec (a Fragment), which is several times faster, and
+    fields that are None are left out. The query's own inputs (source "input", observed at
+    `now`) are not written again: `"$inputs": 1` says to read them from the inputs. None when
+    a name is odd (the caller then lets the codec do all of it)."""
+    encoded: dict[str, Any] = {}
     for name, out in values.items():
         if skip is not None and name in skip:
             continue
-        if not isinstance(name, str) or name.startswith("$"):
+        if type(name) is not str or name.startswith("$"):
             return None
-        observed = out.observed_at
-        encoded[name] = {
-            "value": out.value
-            if _plain(out.value)
-            else orjson.Fragment(_encode_kept(out.value, unkept)),
-            "observed_at": None
-            if observed is None
-            else times.get(observed) or times.setdefault(observed, _tagged_time(observed)),
-            "source": out.source,
-            "version": out.version,
-            "error_code": out.error_code,
-            "error_message": out.error_message,
-            "age_s": out.age_s if out.age_s is None or math.isfinite(out.age_s) else None,
-        }
+        value, observed, source, version, error_code, error_message, age = out
+        if (
+            source == "input"
+            and inputs is not None
+            and observed == now
+            and error_code is None
+            and name in inputs
+            and value is inputs[name]
+        ):
+            encoded["$inputs"] = 1
+            continue
+        kind = type(value)
+        if not (
+            kind is str
+            or value is None
+            or kind is bool
+            or (kind is float and value - value == 0.0)  # finite
+            or (kind is int and -(2**63) <= value < 2**63)
+        ):
+            value = orjson.Fragment(_encode_kept(value, unkept))
+        if observed is not None:
+            observed = times.get(observed) or times.setdefault(observed, _tagged_time(observed))
+        item = {"value": value, "observed_at": observed, "source": source}
+        if version is not None:
+            item["version"] = version
+        if error_code is not None:
+            item["error_code"] = error_code
+            item["error_message"] = error_message
+        if age is not None and age - age == 0.0:
+            item["age_s"] = age
+        encoded[name] = item
     return orjson.dumps(encoded).decode("utf-8")
 
 
@@ -244,7 +284,7 @@ def _encode_record(record: LoggedQuery, unkept: set[str]) -> _Row:
     outputs = _encode_values(record.outputs, None, unkept, times)
     if outputs is None:
         outputs = _encode_kept(_plain_values(record.outputs), unkept)
-    values = _encode_values(record.values, record.outputs, unkept, times)
+    values = _encode_values(record.values, record.outputs, unkept, times, record.inputs, record.now)
     if values is None:
         rest = {n: v for n, v in record.values.items() if n not in record.outputs}
         values = _encode_kept(_plain_values(rest), unkept)
@@ -301,39 +341,64 @@ def _plain(value: Any) -> bool:
     return False
 
 
-def _logged_values(encoded: str) -> dict[str, LoggedValue]:
-    return {
-        name: LoggedValue(
-            value=out["value"],
-            observed_at=out["observed_at"],
-            source=out["source"],
-            version=out["version"],
-            error_code=out["error_code"],
-            error_message=out["error_message"],
-            age_s=out.get("age_s"),
+def _logged_values(
+    encoded: str, inputs: dict[str, Any] | None = None, now: datetime | None = None
+) -> dict[str, LoggedValue]:
+    """The values of a record. They were written in a known layout (`_encode_values`), so
+    only each value and each `observed_at` is restored, not the whole tree."""
+    try:
+        tree = orjson.loads(encoded)
+    except orjson.JSONDecodeError as error:
+        raise CorruptValue(f"values {encoded[:40]!r} are not valid JSON: {error}") from None
+    if len(tree) == 1 and next(iter(tree)).startswith("$") and "$inputs" not in tree:
+        tree = restore(tree)  # odd names: the codec wrote it
+    times: dict[str, datetime] = {}
+    values = {}
+    if tree.pop("$inputs", None) and inputs is not None:
+        for name, value in inputs.items():
+            values[name] = LoggedValue(value, now, "input", None, None, None, None)
+    get = dict.get
+    for name, out in tree.items():
+        value = out["value"]
+        if type(value) is dict or type(value) is list:
+            value = restore(value)
+        observed = out["observed_at"]
+        if type(observed) is dict and len(observed) == 1 and "$dt" in observed:
+            text = observed["$dt"]
+            observed = times.get(text) or times.setdefault(text, datetime.fromisoformat(text))
+        elif observed is not None:
+            observed = restore(observed)
+        values[name] = LoggedValue(
+            value,
+            observed,
+            out["source"],
+            get(out, "version"),
+            get(out, "error_code"),
+            get(out, "error_message"),
+            get(out, "age_s"),
         )
-        for name, out in decode(encoded.encode("utf-8")).items()
-    }
+    return values
 
 
 def _decode_record(row: _Row) -> LoggedQuery:
     try:
         outputs = _logged_values(row.outputs)
-        calls = decode(row.calls.encode("utf-8"))
+        calls = decode_text(row.calls)
+        inputs = decode_text(row.inputs)
         return LoggedQuery(
             query_id=row.query_id,
             now=row.now,
-            inputs=decode(row.inputs.encode("utf-8")),
+            inputs=inputs,
             outputs=outputs,
             duration_ms=row.duration_ms,
-            trace=decode(row.trace.encode("utf-8")),
+            trace=decode_text(row.trace),
             logged_at=row.logged_at,
-            values={**_logged_values(row.values), **outputs},
+            values={**_logged_values(row.values, inputs, row.now), **outputs},
             model_calls=calls.get("models", []),
             llm_calls=calls.get("llm", []),
             plan=row.plan,
         )
-    except (CorruptValue, TypeError, KeyError, AttributeError) as exc:
+    except (CorruptValue, TypeError, KeyError, AttributeError, ValueError) as exc:
         raise QueryLogError(
             f"query log record {row.query_id!r} cannot be decoded ({type(exc).__name__}: {exc})"
         ) from exc

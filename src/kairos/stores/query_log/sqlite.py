@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,12 @@ import orjson
 
 from kairos.stores.query_log.base import _COLUMNS, DEFAULT_TABLE, Search, _check_name
 from kairos.stores.query_log.records import PlanInfo, QueryLogError, _Row
+
+
+def _text(moment: datetime) -> str:
+    """A time as the log stores it: ISO text in UTC, so text order is time order."""
+    return moment.astimezone(UTC).isoformat()
+
 
 # Columns added after the first release, with what older rows read as.
 _ADDED = {"feature_values": "'{}'", "calls": "'{}'", "plan": "NULL"}
@@ -48,6 +54,7 @@ class _SQLiteBackend:
                     "logged_at TEXT NOT NULL)"
                 )
                 have = {row[1] for row in conn.execute(f'PRAGMA table_info("{self.table}")')}
+                older = "feature_values" not in have  # written before decision records
                 for column, default in _ADDED.items():
                     if column not in have:  # a log written by an older kairos: rows kept
                         conn.execute(
@@ -69,6 +76,12 @@ class _SQLiteBackend:
                     f'CREATE TABLE IF NOT EXISTS "{plans}" (plan TEXT PRIMARY KEY, '
                     "info TEXT NOT NULL)"
                 )
+                if older:  # the older rows' entity keys, so search by entity finds them too
+                    conn.execute(
+                        f'INSERT OR IGNORE INTO "{keys}" SELECT j.key, CAST(j.value AS TEXT), '
+                        f'l.now, l.query_id FROM "{self.table}" l, json_each(l.inputs) j '
+                        "WHERE j.type IN ('text', 'integer')"
+                    )
             finally:
                 conn.close()
         except (OSError, sqlite3.Error) as exc:
@@ -105,7 +118,7 @@ class _SQLiteBackend:
         keys: list[tuple[str, str, str, str]] = []
         plans: dict[str, PlanInfo] = {}
         for row in rows:
-            now = row.now.isoformat()
+            now = _text(row.now)
             plan = row.plan
             if plan is not None and plan.fingerprint not in self._written_plans:
                 plans[plan.fingerprint] = plan
@@ -117,7 +130,7 @@ class _SQLiteBackend:
                     row.outputs,
                     row.trace,
                     row.duration_ms,
-                    row.logged_at.isoformat(),
+                    _text(row.logged_at),
                     row.values,
                     row.calls,
                     None if plan is None else plan.fingerprint,
@@ -219,8 +232,8 @@ class _SQLiteBackend:
         it per entity); else the `now` (or `plan, now`) index."""
         where: list[str] = []
         params: list[Any] = []
-        since = None if search.since is None else search.since.isoformat()
-        until = None if search.until is None else search.until.isoformat()
+        since = None if search.since is None else _text(search.since)
+        until = None if search.until is None else _text(search.until)
         if search.entity:
             (name, value), *others = search.entity
             sql = f'{self._select} JOIN "{self._keys}" k ON k.query_id = l.query_id'
