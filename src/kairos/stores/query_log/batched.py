@@ -236,7 +236,15 @@ class BatchedQueryLog:
             if not plans:
                 return []
         with collector_paused(search.limit >= 1000):
-            return [_decode_record(row) for row in self._backend.fetch_search(search, plans)]
+            if plans is not None and len(plans) > 1 and not search.entity:
+                # one indexed range per plan (plan, now), merged: an IN list of plans would
+                # have the database sort every matching record
+                rows = [r for plan in plans for r in self._backend.fetch_search(search, [plan])]
+                rows.sort(key=lambda r: (r.now, r.query_id), reverse=True)
+                rows = rows[: search.limit]
+            else:
+                rows = self._backend.fetch_search(search, plans)
+            return [_decode_record(row) for row in rows]
 
     async def aflush(self, timeout: float = 10.0) -> None:
         await asyncio.to_thread(self.flush, timeout)
