@@ -3,6 +3,7 @@ registered model): logged decisions re-run as of their `now` see exactly what th
 after the source changed under them, and a new model version gives that version's predict
 on the logged inputs, row by row."""
 
+import json
 import shutil
 import sqlite3
 from collections.abc import Iterator
@@ -20,7 +21,9 @@ from sklearn.preprocessing import StandardScaler
 import kairos as kr
 from examples.fraud import demo
 from examples.fraud.generate import ANCHOR, generate
-from kairos.errors import InvalidInput
+from kairos.cli.main import main
+from kairos.cli.replay import model_pins
+from kairos.errors import InvalidInput, KairosError
 
 EXAMPLE = Path(demo.__file__).parent
 USERS = [f"u{i:04d}" for i in range(1, 31)]
@@ -177,3 +180,54 @@ def test_bad_replay_arguments_name_the_field(client: kr.Client) -> None:
     with pytest.raises(InvalidInput) as bad_feature:
         client.replay(since="1d", features={"user.risk": 3})
     assert bad_feature.value.field == "features"
+
+
+def test_kairos_replay_prints_and_writes_the_report(
+    client: kr.Client, project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    decide(client)
+    client.log.flush()
+    report = project / "report.md"
+    since = (ANCHOR - timedelta(days=1)).isoformat()
+    code = main(["replay", "--project", str(project), "--since", since, "--model", "risk@v2",
+                 "--output", str(report)])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    text = report.read_text()
+    assert text in printed and f"decisions: {len(USERS)}" in text
+    assert "| user.risk |" in text
+    assert main(["replay", "--project", str(project), "--since", since, "--json",
+                 "--model", "risk@prod"]) == 0  # fmt: skip
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["decisions"] == len(USERS) and summary["changed"] == ["user.risk"]
+    assert model_pins(["risk@v2", "risk@prod", "other@v10"]) == {"risk": "prod", "other": 10}
+    with pytest.raises(KairosError, match="NAME@vN"):
+        model_pins(["risk"])
+
+
+def test_a_decision_served_from_the_cache_says_what_it_had_to_compute(
+    client: kr.Client, project: Path
+) -> None:
+    """A decision whose score came from the cache never computed the model's inputs: its
+    record holds the cached score (with its age) and not them. A new model version needs
+    them, so they are computed from the sources as of the logged `now`, and the result says
+    so (`from_sources`)."""
+    now = ANCHOR - timedelta(hours=2)
+    client.query({"user.id": "u0002"}, ["user.risk"], now=now - timedelta(seconds=30))
+    served = client.query({"user.id": "u0002"}, ["user.risk"], now=now)
+    record = client.log.get(served.meta.query_id)
+    assert record is not None and record.values["user.risk"].source == "cache"
+    assert record.values["user.risk"].age_s == 30.0
+    assert not set(INPUTS) & set(record.values)
+    change_the_source(project)
+    result = client.replay([served.meta.query_id], models={"risk": 2})
+    [row] = result.rows
+    assert row.logged == record.values["user.risk"].value
+    assert result.from_sources == {name: 1 for name in INPUTS}
+    assert result.summary()["from_sources"] == result.from_sources
+    fresh = client.query(
+        {"user.id": "u0002"}, INPUTS, now=now, staleness={n: "0s" for n in [*INPUTS, *READ]}
+    )
+    vector = np.array([[fresh.get_value(name, np.nan) for name in INPUTS]], float)
+    want = client.models.predict("risk", vector, version=2)[0]
+    assert row.replayed == pytest.approx(float(want), abs=1e-12)

@@ -128,6 +128,7 @@ async def test_metrics_read_the_query_logs_dropped_count(
     samples = metric_samples((await http.get("/metrics")).text)
 
     assert value_of(samples["kairos_query_log_dropped_total"]) == 0
+    assert value_of(samples["kairos_query_log_lost_total"]) == 0
     records = await search(http)
     assert len(records) == 5  # every record is there
     record = client.log.get(records[0]["query_id"])

@@ -77,6 +77,9 @@ class ReplayResult:
     plans: dict[str, str] = field(default_factory=dict)  # logged plan -> replayed plan
     definitions: dict[str, str] = field(default_factory=dict)  # "logged" / "replayed"
     seconds: float = 0.0
+    # features a change needed that decisions had not computed (their outputs came from the
+    # cache): computed from the sources as of the logged `now`, by how many decisions
+    from_sources: dict[str, int] = field(default_factory=dict)
 
     @property
     def decisions(self) -> int:
@@ -115,6 +118,7 @@ class ReplayResult:
             "recomputed": list(self.recomputed),
             "features": {name: _feature_summary(rows) for name, rows in by_feature.items()},
             "llm": self._llm_summary(),
+            "from_sources": dict(self.from_sources),
             "plans": dict(self.plans),
             "definitions": dict(self.definitions),
             "seconds": round(self.seconds, 3),
@@ -284,6 +288,7 @@ async def _replay(
     llm: dict[str, list[dict[str, Any]]] = {}
     recomputed: set[str] = set()
     plans: dict[str, str] = {}
+    from_sources: dict[str, int] = {}
     for (_, inputs, outputs), group in groups.items():
         full = runtime.planner.plan(list(inputs), list(outputs))
         dirty = _downstream(full, changed)
@@ -298,37 +303,15 @@ async def _replay(
                 rows.extend(_same(record, compared))
             continue
         reads = _reads(full, dirty, set(inputs))
-        plan = runtime.planner.plan(sorted(reads), targets)
-        for start in range(0, len(group), CHUNK):
-            chunk = group[start : start + CHUNK]
-            values, calls = await _run(runtime, plan, chunk, reads)
-            for index, record in enumerate(chunk):
-                for name in compared:
-                    logged = _logged(record, name)
-                    column = values.get(name)
-                    if column is None:
-                        rows.append(
-                            ReplayRow(record.query_id, record.now, name, logged, logged, False)
-                        )
-                        continue
-                    error = column.errors[index]
-                    value = column.values[index]
-                    rows.append(
-                        ReplayRow(
-                            record.query_id,
-                            record.now,
-                            name,
-                            logged,
-                            value,
-                            not _equal(logged, value) or error is not None,
-                            None if error is None else error.message,
-                        )
-                    )
-            for call in calls.llm:
-                row = call.get("row")
-                if row is not None:
-                    call = {k: v for k, v in call.items() if k != "sent_at"}
-                    llm.setdefault(chunk[row].query_id, []).append(call)
+        for missing, subgroup in _by_missing(group, reads).items():
+            if missing:  # not computed by the decision (its output came from the cache)
+                for name in missing:
+                    from_sources[name] = from_sources.get(name, 0) + len(subgroup)
+                given = {c for c in full.columns if c not in dirty and _has(subgroup[0], c)}
+            else:
+                given = reads
+            plan = runtime.planner.plan(sorted(given), targets)
+            await _compare(runtime, plan, subgroup, compared, rows, llm)
     logged_definitions = {r.plan.definitions for r in records if r.plan is not None}
     return ReplayResult(
         rows,
@@ -339,7 +322,62 @@ async def _replay(
         plans,
         {"logged": ", ".join(sorted(logged_definitions)), "replayed": definitions},
         time.perf_counter() - started,
+        from_sources,
     )
+
+
+def _by_missing(
+    records: Sequence[LoggedQuery], reads: set[str]
+) -> dict[frozenset[str], list[LoggedQuery]]:
+    """Records by which of `reads` they did not log (most: none)."""
+    groups: dict[frozenset[str], list[LoggedQuery]] = {}
+    for record in records:
+        missing = frozenset(name for name in reads if not _has(record, name))
+        groups.setdefault(missing, []).append(record)
+    return groups
+
+
+def _has(record: LoggedQuery, name: str) -> bool:
+    return name in record.values or name in record.inputs
+
+
+async def _compare(
+    runtime: Runtime,
+    plan: Plan,
+    group: Sequence[LoggedQuery],
+    compared: Sequence[str],
+    rows: list[ReplayRow],
+    llm: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Run `plan` over `group` (in chunks) and add a row per decision and compared feature."""
+    for start in range(0, len(group), CHUNK):
+        chunk = group[start : start + CHUNK]
+        values, calls = await _run(runtime, plan, chunk)
+        for index, record in enumerate(chunk):
+            for name in compared:
+                logged = _logged(record, name)
+                column = values.get(name)
+                if column is None:
+                    rows.append(ReplayRow(record.query_id, record.now, name, logged, logged, False))
+                    continue
+                error = column.errors[index]
+                value = column.values[index]
+                rows.append(
+                    ReplayRow(
+                        record.query_id,
+                        record.now,
+                        name,
+                        logged,
+                        value,
+                        not _equal(logged, value) or error is not None,
+                        None if error is None else error.message,
+                    )
+                )
+        for call in calls.llm:
+            row = call.get("row")
+            if row is not None:
+                call = {k: v for k, v in call.items() if k != "sent_at"}
+                llm.setdefault(chunk[row].query_id, []).append(call)
 
 
 def _plan_key(record: LoggedQuery) -> tuple[Any, ...]:
@@ -381,7 +419,7 @@ def _reads(plan: Plan, dirty: set[str], inputs: set[str]) -> set[str]:
 
 
 async def _run(
-    runtime: Runtime, plan: Plan, records: Sequence[LoggedQuery], reads: set[str]
+    runtime: Runtime, plan: Plan, records: Sequence[LoggedQuery]
 ) -> tuple[dict[str, ColumnData], Calls]:
     """One bulk run of the engine: each record a row, at its own `now`, from its values."""
     columns = {name: [_logged(record, name) for record in records] for name in plan.inputs}
