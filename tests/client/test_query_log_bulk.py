@@ -71,3 +71,40 @@ def test_a_small_queue_slows_the_query_down_but_keeps_every_record(
     assert dropped == 0
     assert rows_in(path) == (2_001, 2_001)
     assert log.batches_written >= 2_001 // 50  # the writer ran while the query waited
+
+
+@features
+class Shop:
+    id: str
+    orders: kr.DataFrame["Order"]
+    spent: float = _.orders[_.amount].sum()
+
+
+@features
+class Order:
+    id: str
+    shop_id: Shop.id
+    amount: float
+
+
+@online
+def shop_orders(sid: Shop.id) -> Shop.orders:
+    return [{"id": f"{sid}-o{i}", "shop_id": sid, "amount": float(i)} for i in range(3)]
+
+
+def test_the_record_is_what_the_query_saw_though_the_caller_changes_its_rows(
+    tmp_path: Path,
+) -> None:
+    """The writer thread builds the records after the query answered: has-many rows are
+    copied first, so a caller changing the rows it got back does not change the log."""
+    with kr.Client(
+        definitions=[Shop, Order, shop_orders], query_log=f"sqlite:///{tmp_path / 'log.db'}"
+    ) as client:
+        result = client.query({Shop.id: "s1"}, [Shop.orders, Shop.spent], now=NOW)
+        rows = result.get_value(Shop.orders)
+        rows[0]["amount"] = 1000.0
+        rows.append({"id": "forged", "shop_id": "s1", "amount": 5.0})
+        record = client.log.get(result.meta.query_id)
+    assert record is not None
+    assert [r["amount"] for r in record.value("shop.orders")] == [0.0, 1.0, 2.0]
+    assert record.value("shop.spent") == 3.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import re
 import threading
@@ -187,7 +188,7 @@ class Client:
         self._closed = False
         self._id_prefix = uuid.uuid4().hex[:16]
         self._id_counter = itertools.count(1)
-        self._plans: dict[str, tuple[Runtime, PlanInfo]] = {}
+        self._plans: dict[str, tuple[Runtime, PlanInfo, tuple[str, ...]]] = {}
 
     def _bind_models(self, models: list[ModelResolver]) -> None:
         """Plan with these `kr.predict` resolvers from now on: the one place the runtime
@@ -605,10 +606,12 @@ class Client:
         writer = runtime.offline.writer
         if writer is not None and outcome.observed:
             writer.add(outcome.observed)
-        if self._logging:
-            await self.log.store.append_async(
-                self._records(runtime, plan, columns, result, outcome.values, calls, started)
+        if self._logging:  # the writer thread builds and encodes the records
+            values = _snapshot(outcome.values, self._plan_info(runtime, plan)[1])
+            build = functools.partial(
+                self._records, runtime, plan, columns, result, values, calls, started
             )
+            await self.log.store.append_later(build, rows)
         return result
 
     def _new_query_id(self) -> str:
@@ -660,7 +663,7 @@ class Client:
         """Each entity's decision record: every value the plan read or produced, the model
         and LLM calls it made, and its plan (bulk row `i` is `<query_id>-<i>`)."""
         meta = result.meta
-        info = self._plan_info(runtime, plan)
+        info = self._plan_info(runtime, plan)[0]
         versions = plan.versions
         trace = [step.to_dict() for step in result.trace]  # times kept whole
         logged_at = datetime.now(UTC)
@@ -728,11 +731,12 @@ class Client:
             )
         return records
 
-    def _plan_info(self, runtime: Runtime, plan: Plan) -> PlanInfo:
-        """The plan as a decision record names it (built once per plan and runtime)."""
+    def _plan_info(self, runtime: Runtime, plan: Plan) -> tuple[PlanInfo, tuple[str, ...]]:
+        """The plan as a decision record names it, and its has-many columns (built once per
+        plan and runtime)."""
         found = self._plans.get(plan.fingerprint)
         if found is not None and found[0] is runtime:
-            return found[1]
+            return found[1], found[2]
         definitions = definitions_fingerprint(runtime.graph, runtime.resolvers)
         info = PlanInfo(
             plan.fingerprint,
@@ -742,8 +746,9 @@ class Client:
             {name: plan.versions.get(name) for name in plan.columns},
             plan.models,
         )
-        self._plans[plan.fingerprint] = (runtime, info)
-        return info
+        many = tuple(n for n, c in plan.columns.items() if c.info.kind == "has_many")
+        self._plans[plan.fingerprint] = (runtime, info, many)
+        return info, many
 
     # --- running async code from sync callers ----------------------------------------------
 
@@ -825,6 +830,26 @@ def _whole_path(
     record["context_ms"] = round((call["sent_at"] - started) * 1000, 3)
     record["query_ms"] = round(total_ms, 3)
     return record
+
+
+def _snapshot(values: dict[str, ColumnData], many: Sequence[str]) -> dict[str, ColumnData]:
+    """The run's values as the decision record will keep them: has-many rows copied, since
+    the caller gets the same lists and may change them before the writer reads them (every
+    other value is immutable)."""
+    if not any(name in values for name in many):
+        return values
+    kept = dict(values)
+    for name in many:
+        column = kept.get(name)
+        if column is not None:
+            rows = [
+                [dict(row) if type(row) is dict else row for row in value]
+                if type(value) is list
+                else value
+                for value in column.values
+            ]
+            kept[name] = ColumnData(rows, column.observed_at, column.source, column.errors)
+    return kept
 
 
 def _by_row(calls: Iterable[dict[str, Any]]) -> dict[int | None, list[dict[str, Any]]]:

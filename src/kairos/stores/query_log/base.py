@@ -5,7 +5,7 @@ does (`_Backend`), the log that keeps nothing, and the name checks the backends 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Protocol
@@ -77,6 +77,11 @@ class QueryLog(Protocol):
     async def append_async(self, records: Sequence[LoggedQuery]) -> None:
         """Queue records, waiting (without blocking the event loop) while the queue is full:
         backpressure, never a dropped record."""
+        ...
+
+    async def append_later(self, build: Callable[[], Sequence[LoggedQuery]], count: int) -> None:
+        """Queue `count` records built (`build()`) and encoded off the query's path, with
+        the same backpressure as `append_async`."""
         ...
 
     def close(self) -> None:
@@ -157,6 +162,9 @@ class NullQueryLog:
         return []
 
     async def append_async(self, records: Sequence[LoggedQuery]) -> None:
+        return None
+
+    async def append_later(self, build: Callable[[], Sequence[LoggedQuery]], count: int) -> None:
         return None
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -36,7 +36,16 @@ class _FlushMarker:
     done: threading.Event
 
 
+@dataclass(eq=False, slots=True)
+class _Later:
+    """Records the writer builds and encodes itself (`append_later`)."""
+
+    build: Callable[[], Sequence[LoggedQuery]]
+    count: int
+
+
 _STOP: Final = object()
+_YIELD: Final = 0.00005  # seconds the writer pauses every 8 records it builds
 
 
 class BatchedQueryLog:
@@ -80,6 +89,7 @@ class BatchedQueryLog:
         # drains it every max_wait (or at once when flush() or close() set _wake).
         self._pending: collections.deque[object] = collections.deque()
         self._max_queue = max_queue
+        self._backlog = 0  # records queued, built or not (the writer takes them off)
         self._wake = threading.Event()
         self._closed = False
         self._state_lock = threading.Lock()
@@ -126,10 +136,10 @@ class BatchedQueryLog:
         row = self._encode(record)
         if row is None:
             return
-        if len(self._pending) >= self._max_queue and not self._wait_for_room():
+        if self._backlog >= self._max_queue and not self._wait_for_room():
             self._drop(f"its queue is full ({self._max_queue} records)")
             return
-        self._pending.append(row)
+        self._queue(row, 1)
 
     async def append_async(self, records: Sequence[LoggedQuery]) -> None:
         """Queue `records`; while the queue is full, wait for the writer (the query's answer
@@ -141,10 +151,29 @@ class BatchedQueryLog:
             row = self._encode(record)
             if row is None:
                 continue
-            while len(self._pending) >= self._max_queue and self._writer.is_alive():
-                self._wake.set()
-                await asyncio.sleep(0.001)
-            self._pending.append(row)
+            await self._room()
+            self._queue(row, 1)
+
+    async def append_later(self, build: Callable[[], Sequence[LoggedQuery]], count: int) -> None:
+        """Queue `count` records that the writer thread builds (`build()`) and encodes, so
+        a query answers without spending that time; waits while the queue is full, like
+        `append_async`. `build` must only read values no one changes afterwards."""
+        if self._closed:
+            for _ in range(count):
+                self._drop("the log is closed")
+            return
+        await self._room()
+        self._queue(_Later(build, count), count)
+
+    async def _room(self) -> None:
+        while self._backlog >= self._max_queue and self._writer.is_alive():
+            self._wake.set()
+            await asyncio.sleep(0.001)
+
+    def _queue(self, item: object, count: int) -> None:
+        with self._state_lock:
+            self._backlog += count
+        self._pending.append(item)
 
     def _encode(self, record: LoggedQuery) -> _Row | None:
         # Encode now (~10 us): the record is then exactly what the query saw, whatever the
@@ -173,7 +202,7 @@ class BatchedQueryLog:
         while time.monotonic() < deadline:
             self._wake.set()
             time.sleep(0.001)
-            if len(self._pending) < self._max_queue:
+            if self._backlog < self._max_queue:
                 return True
         return False
 
@@ -297,19 +326,45 @@ class BatchedQueryLog:
                     continue
                 records: list[_Row] = []
                 markers: list[_FlushMarker] = []
+                taken = 0
                 for item in items:
                     if isinstance(item, _Row):
                         records.append(item)
+                        taken += 1
+                    elif isinstance(item, _Later):
+                        self._build(item, records)
+                        taken += item.count
                     elif isinstance(item, _FlushMarker):
                         markers.append(item)
                     else:
                         stopping = True  # appends that raced close() are written too
+                with self._state_lock:
+                    self._backlog -= taken
                 for start in range(0, len(records), self._max_batch):
                     self._write(records[start : start + self._max_batch])
                 for marker in markers:
                     marker.done.set()
         finally:
             self._backend.close_writer()
+
+    def _build(self, later: _Later, rows: list[_Row]) -> None:
+        """Build and encode records queued by `append_later`, letting the query threads run
+        every few records (this thread holds the GIL while it encodes)."""
+        try:
+            with collector_paused(later.count >= 1000):
+                records = later.build()
+        except Exception as exc:  # a bug building records: counted, never raised
+            with self._state_lock:
+                self._lose(later.count, f"building {later.count} records: {exc!r}")
+            return
+        for index, record in enumerate(records):
+            row = self._encode(record)
+            if row is not None:
+                rows.append(row)
+            if index % 8 == 7:
+                # a real sleep, however short, hands the GIL to a waiting query thread;
+                # sleep(0) would take it straight back (the query waits out the 5 ms switch)
+                time.sleep(_YIELD)
 
     def _take_all(self) -> list[object]:
         items: list[object] = []
