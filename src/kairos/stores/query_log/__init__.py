@@ -4,9 +4,10 @@ decision can be read back (and replayed against a new model or prompt).
 `append` is on the query's hot path, so it only encodes the record and puts it on a bounded
 queue (a client's queries go further: `append_later` queues what the writer needs to build
 and encode the records itself); one writer thread per log takes the records off every
-`max_wait` (20 ms) and commits each batch in one transaction. A kill loses what was not yet committed (the last ~20 ms of
-queries, or the backlog if the database stalls) and never leaves a half-written row; `flush`
-and `get` return only after everything appended before them is committed.
+`max_wait` (20 ms) and commits each batch in one transaction. A kill loses what was not yet
+committed (the last ~20 ms of queries, or the backlog if the database stalls) and never
+leaves a half-written row; `flush` and `get` return only after everything appended before
+them is committed.
 
     >>> log = query_log_from_url("sqlite:///.kairos/query_log.db")
     >>> log.append(record)                      # cheap, never raises
