@@ -210,12 +210,21 @@ def main() -> None:
 
     with kr.Client(PROJECT) as client:
         record = client.log.get(query_id)
-    if record is None:
-        raise SystemExit(f"query {query_id} is missing from the query log")
+        if record is None:
+            raise SystemExit(f"query {query_id} is missing from the query log")
+        # the model re-run on the values that decision logged (`kairos replay`)
+        replayed = client.replay([query_id], recompute=["user.risk"])
     print(
         f"Read back from {PROJECT.name}/.kairos/query_log.db after the stop: query "
         f"{record.query_id[:8]} at {record.now.isoformat()} saw user.risk="
         f"{record.outputs['user.risk'].value:.3f} (`kairos log show {record.query_id}`)"
+    )
+    [risk] = [row for row in replayed.rows if row.feature == "user.risk"]
+    vectors = [len(call["vector"]) for call in record.model_calls]
+    print(
+        f"Replayed from the {len(record.values)} values it logged (intermediates included; "
+        f"model input vectors of {vectors} values): user.risk={risk.replayed:.3f}, "
+        f"{'changed' if risk.changed else 'the same'} (`kairos replay --id {record.query_id}`)"
     )
 
     llm_demo.main("u0001")  # one question asked of the local LLM two ways
