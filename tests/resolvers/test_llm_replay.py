@@ -45,7 +45,13 @@ def client(provider: tuple[Provider, str], tmp_path: Path) -> Iterator[kr.Client
 def test_a_deterministic_provider_reproduces_every_logged_answer(client: kr.Client) -> None:
     served = client.query_bulk({"shopper.id": ["s1", "s2"]}, ["shopper.advice"], now=T0)
     assert served.errors == []
+    before = asyncio.run(client.llm.gateway().usage())
     result = client.replay(since=T0 - timedelta(hours=1), recompute=["shopper.advice"])
+    ledger = asyncio.run(client.llm.gateway().usage())
+    # the replay's calls went through the gateway with the client's key: billed, in the ledger
+    replayed = {c["request_id"] for calls in result.llm_calls.values() for c in calls}
+    assert len(ledger) == len(before) + 2
+    assert replayed == {row.request_id for row in ledger} - {row.request_id for row in before}
     assert result.decisions == 2  # the resolver makes advice and its usage: both recomputed
     assert result.recomputed == ("shopper.advice", "shopper.advice_usage")
     advice = [r for r in result.rows if r.feature == "shopper.advice"]
