@@ -108,3 +108,29 @@ def test_the_record_is_what_the_query_saw_though_the_caller_changes_its_rows(
     assert record is not None
     assert [r["amount"] for r in record.value("shop.orders")] == [0.0, 1.0, 2.0]
     assert record.value("shop.spent") == 3.0
+
+
+@features
+class Item:
+    id: str
+    tags: list[str]
+    meta: dict[str, int]
+
+
+@online
+def item_parts(iid: Item.id) -> kr.Features[Item.tags, Item.meta]:
+    return ["a", "b"], {"n": 1}
+
+
+def test_list_and_dict_values_are_logged_as_served_though_the_caller_changes_them(
+    tmp_path: Path,
+) -> None:
+    with kr.Client(
+        definitions=[Item, item_parts], query_log=f"sqlite:///{tmp_path / 'log.db'}"
+    ) as client:
+        result = client.query({Item.id: "i1"}, [Item.tags, Item.meta], now=NOW)
+        result.values["item.tags"].append("MUTATED")
+        result.get_value(Item.meta)["n"] = 999
+        record = client.log.get(result.meta.query_id)
+    assert record is not None
+    assert record.value("item.tags") == ["a", "b"] and record.value("item.meta") == {"n": 1}

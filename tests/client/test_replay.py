@@ -231,3 +231,13 @@ def test_a_decision_served_from_the_cache_says_what_it_had_to_compute(
     vector = np.array([[fresh.get_value(name, np.nan) for name in INPUTS]], float)
     want = client.models.predict("risk", vector, version=2)[0]
     assert row.replayed == pytest.approx(float(want), abs=1e-12)
+
+
+def test_each_decision_is_replayed_once_however_often_it_is_named(client: kr.Client) -> None:
+    served = decide(client)
+    ids = [f"{served.meta.query_id}-{i}" for i in (0, 1, 0, 2, 1)]
+    result = client.replay(ids, models={"risk": 2})
+    assert [r.query_id for r in result.records] == [ids[0], ids[1], ids[3]]
+    summary = result.summary()
+    assert summary["decisions"] == 3 and summary["changed_decisions"] <= 3
+    assert len(client.log.store.get_many([*ids, "never-logged"])) == 3

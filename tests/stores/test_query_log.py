@@ -563,3 +563,24 @@ def test_each_value_is_stored_once_and_rows_as_columns(tmp_path: Path) -> None:
     assert stored.count('"amount"') == 1 and '"$rows"' in stored
     naive = len(orjson.dumps(rows))
     assert len(stored) < 0.6 * naive
+
+
+def test_rows_written_by_something_else_are_a_query_log_error_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    """A row whose `now` is not a time fails its read with QueryLogError (a 503 over HTTP); a
+    corrupt plan costs only that plan: the records naming it read back without one."""
+    path = tmp_path / "log.db"
+    with BatchedQueryLog.sqlite(path) as log:
+        log.append(make_record("fine", 1))
+        log.append(make_record("odd", 2))
+        log.flush()
+        with sqlite3.connect(path) as db:
+            db.execute("update kairos_query_log set now = 'yesterday' where query_id = 'odd'")
+            db.execute("insert into kairos_query_log_plans values ('p1', '{\"broken\": 1}')")
+            db.execute("update kairos_query_log set plan = 'p1' where query_id = 'fine'")
+        db.close()
+        with pytest.raises(QueryLogError, match="cannot be read"):
+            log.get("odd")
+        fine = log.get("fine")
+    assert fine is not None and fine.plan is None and fine.outputs["user.balance"].value == 1.5

@@ -188,7 +188,7 @@ class Client:
         self._closed = False
         self._id_prefix = uuid.uuid4().hex[:16]
         self._id_counter = itertools.count(1)
-        self._plans: dict[str, tuple[Runtime, PlanInfo, tuple[str, ...]]] = {}
+        self._plans: dict[str, tuple[Runtime, PlanInfo]] = {}
 
     def _bind_models(self, models: list[ModelResolver]) -> None:
         """Plan with these `kr.predict` resolvers from now on: the one place the runtime
@@ -406,14 +406,15 @@ class Client:
                 or not all(isinstance(q, str) for q in query_ids)
             ):
                 raise InvalidInput("query_ids must be a list of query ids", field="query_ids")
-            found = await asyncio.to_thread(lambda: [self.log.get(q) for q in query_ids])
-            missing = [q for q, r in zip(query_ids, found, strict=True) if r is None]
+            wanted = list(dict.fromkeys(query_ids))  # each decision once
+            found = await asyncio.to_thread(self.log.store.get_many, wanted)
+            missing = [q for q in wanted if q not in found]
             if missing:
                 raise InvalidInput(
                     f"query_ids: no logged decision {missing[0]!r} ({len(missing)} missing)",
                     field="query_ids",
                 )
-            records = [r for r in found if r is not None]
+            records = [found[q] for q in wanted]
         else:
             search = self.log.parse(entity=entity, since=since, until=until, limit=limit)
             records = await asyncio.to_thread(self.log.store.search, search)
@@ -607,9 +608,10 @@ class Client:
         if writer is not None and outcome.observed:
             writer.add(outcome.observed)
         if self._logging:  # the writer thread builds and encodes the records
-            values = _snapshot(outcome.values, self._plan_info(runtime, plan)[1])
+            values = _snapshot(outcome.values)
+            inputs = {name: values[name].values for name in columns}
             build = functools.partial(
-                self._records, runtime, plan, columns, result, values, calls, started
+                self._records, runtime, plan, inputs, result, values, calls, started
             )
             await self.log.store.append_later(build, rows)
         return result
@@ -663,7 +665,7 @@ class Client:
         """Each entity's decision record: every value the plan read or produced, the model
         and LLM calls it made, and its plan (bulk row `i` is `<query_id>-<i>`)."""
         meta = result.meta
-        info = self._plan_info(runtime, plan)[0]
+        info = self._plan_info(runtime, plan)
         versions = plan.versions
         trace = [step.to_dict() for step in result.trace]  # times kept whole
         logged_at = datetime.now(UTC)
@@ -731,12 +733,12 @@ class Client:
             )
         return records
 
-    def _plan_info(self, runtime: Runtime, plan: Plan) -> tuple[PlanInfo, tuple[str, ...]]:
-        """The plan as a decision record names it, and its has-many columns (built once per
-        plan and runtime)."""
+    def _plan_info(self, runtime: Runtime, plan: Plan) -> PlanInfo:
+        """The plan as a decision record names it (built once per plan and runtime; the
+        writer thread calls this)."""
         found = self._plans.get(plan.fingerprint)
         if found is not None and found[0] is runtime:
-            return found[1], found[2]
+            return found[1]
         definitions = definitions_fingerprint(runtime.graph, runtime.resolvers)
         info = PlanInfo(
             plan.fingerprint,
@@ -746,9 +748,10 @@ class Client:
             {name: plan.versions.get(name) for name in plan.columns},
             plan.models,
         )
-        many = tuple(n for n, c in plan.columns.items() if c.info.kind == "has_many")
-        self._plans[plan.fingerprint] = (runtime, info, many)
-        return info, many
+        if len(self._plans) >= 1024:  # plans of runtimes long replaced: let them go
+            self._plans.clear()
+        self._plans[plan.fingerprint] = (runtime, info)
+        return info
 
     # --- running async code from sync callers ----------------------------------------------
 
@@ -832,24 +835,32 @@ def _whole_path(
     return record
 
 
-def _snapshot(values: dict[str, ColumnData], many: Sequence[str]) -> dict[str, ColumnData]:
-    """The run's values as the decision record will keep them: has-many rows copied, since
-    the caller gets the same lists and may change them before the writer reads them (every
-    other value is immutable)."""
-    if not any(name in values for name in many):
-        return values
-    kept = dict(values)
-    for name in many:
-        column = kept.get(name)
-        if column is not None:
-            rows = [
-                [dict(row) if type(row) is dict else row for row in value]
-                if type(value) is list
-                else value
-                for value in column.values
-            ]
-            kept[name] = ColumnData(rows, column.observed_at, column.source, column.errors)
+def _snapshot(values: dict[str, ColumnData]) -> dict[str, ColumnData]:
+    """The run's values as the decision record will keep them: every list and dict copied
+    (has-many rows, list and dict features, such inputs), since the caller holds the same
+    objects and may change them before the writer thread reads them."""
+    kept = values
+    for name, column in values.items():
+        if any(type(value) in _CONTAINERS for value in column.values):
+            if kept is values:
+                kept = dict(values)
+            copied = [_copied(value) for value in column.values]
+            kept[name] = ColumnData(copied, column.observed_at, column.source, column.errors)
     return kept
+
+
+_CONTAINERS = frozenset({list, dict})
+
+
+def _copied(value: Any) -> Any:
+    """`value` with its lists and dicts copied, all the way down (other values are kept:
+    scalars, datetimes, tuples)."""
+    kind = type(value)
+    if kind is list:
+        return [_copied(item) for item in value]
+    if kind is dict:
+        return {key: _copied(item) for key, item in value.items()}
+    return value
 
 
 def _by_row(calls: Iterable[dict[str, Any]]) -> dict[int | None, list[dict[str, Any]]]:

@@ -207,6 +207,12 @@ def moment(value: datetime | DurationLike | None, field: str) -> datetime | None
             pass
     try:
         return datetime.now(UTC) - parse_duration(value, field=field)
+    except OverflowError:
+        raise InvalidInput(
+            f"{field}={value!r} reaches back before year 1; give a shorter duration or an ISO "
+            "time like '2026-12-01T10:00:00+00:00'",
+            field=field,
+        ) from None
     except DefinitionError as error:
         raise InvalidInput(
             f"{error}; or give an ISO time like '2026-12-01T10:00:00+00:00'", field=field

@@ -14,6 +14,7 @@ row at its own `now` (the online store is neither read nor written).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -46,7 +47,7 @@ class ModelPins(Protocol):
 
 
 # decisions run by the engine at once (one bulk run per chunk of a plan's decisions)
-CHUNK = 10_000
+CHUNK = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,13 +304,10 @@ async def _replay(
                 rows.extend(_same(record, compared))
             continue
         reads = _reads(full, dirty, set(inputs))
-        for missing, subgroup in _by_missing(group, reads).items():
-            if missing:  # not computed by the decision (its output came from the cache)
-                for name in missing:
-                    from_sources[name] = from_sources.get(name, 0) + len(subgroup)
-                given = {c for c in full.columns if c not in dirty and _has(subgroup[0], c)}
-            else:
-                given = reads
+        kept = [c for c in full.columns if c not in dirty]
+        for (missing, given), subgroup in _by_missing(group, reads, kept).items():
+            for name in missing:  # not computed by the decision (its output was cached)
+                from_sources[name] = from_sources.get(name, 0) + len(subgroup)
             plan = runtime.planner.plan(sorted(given), targets)
             await _compare(runtime, plan, subgroup, compared, rows, llm)
     logged_definitions = {r.plan.definitions for r in records if r.plan is not None}
@@ -327,13 +325,17 @@ async def _replay(
 
 
 def _by_missing(
-    records: Sequence[LoggedQuery], reads: set[str]
-) -> dict[frozenset[str], list[LoggedQuery]]:
-    """Records by which of `reads` they did not log (most: none)."""
-    groups: dict[frozenset[str], list[LoggedQuery]] = {}
+    records: Sequence[LoggedQuery], reads: set[str], kept: Sequence[str]
+) -> dict[tuple[frozenset[str], frozenset[str]], list[LoggedQuery]]:
+    """Records by which of `reads` they did not log, and the logged columns a run of them
+    starts from: `reads` when they logged all (most do), else every column not downstream
+    of the change that they logged, so what is missing is computed from the nearest."""
+    groups: dict[tuple[frozenset[str], frozenset[str]], list[LoggedQuery]] = {}
+    whole = frozenset(reads)
     for record in records:
         missing = frozenset(name for name in reads if not _has(record, name))
-        groups.setdefault(missing, []).append(record)
+        given = frozenset(c for c in kept if _has(record, c)) if missing else whole
+        groups.setdefault((missing, given), []).append(record)
     return groups
 
 
@@ -378,6 +380,7 @@ async def _compare(
             if row is not None:
                 call = {k: v for k, v in call.items() if k != "sent_at"}
                 llm.setdefault(chunk[row].query_id, []).append(call)
+        await asyncio.sleep(0)  # a server's queries run between chunks
 
 
 def _plan_key(record: LoggedQuery) -> tuple[Any, ...]:

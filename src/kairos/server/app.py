@@ -147,12 +147,8 @@ def _search_options(params: QueryParams) -> dict[str, Any]:
         if text is not None:
             try:
                 options[name] = moment(_SPACED_OFFSET.sub(r"\1+\2", text), name)
-            except OverflowError:  # a duration back past year 1
-                raise HTTPProblem(
-                    400, "invalid_query",
-                    f"{name}={text!r} reaches back before year 1; give an ISO time or a "
-                    "shorter duration", name,
-                ) from None  # fmt: skip
+            except InvalidInput as error:  # not a time, or a duration back past year 1
+                raise HTTPProblem(400, "invalid_query", str(error), name) from None
     for name in ("feature", "model"):
         options[name] = params.get(name)
     limit = params.get("limit")

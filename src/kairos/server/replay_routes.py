@@ -23,6 +23,9 @@ from kairos.server.bodies import HTTPProblem, json_response, read_json
 Handler = Callable[[Request], Awaitable[Response]]
 FIELDS = {"query_ids", "since", "until", "entity", "limit", "models", "recompute", "rows"}
 MAX_ROWS = 10_000  # rows a reply carries at most; the summary covers every decision
+# decisions a replay takes unless the body says more: it runs on the server's event loop,
+# between its queries (the engine yields between chunks of decisions)
+DEFAULT_LIMIT = 10_000
 
 
 def replay_routes(client: Client, r: Callable[[str, Handler], Handler]) -> list[Route]:
@@ -36,13 +39,21 @@ def replay_routes(client: Client, r: Callable[[str, Handler], Handler]) -> list[
                 f"unknown field {unknown[0]!r}; send {', '.join(sorted(FIELDS))}",
                 unknown[0],
             )
+        if body.get("query_ids") is None and body.get("since") is None:
+            raise HTTPProblem(
+                422,
+                "invalid_body",
+                'say which decisions: "since" (a time or a duration back, e.g. "1d") or '
+                '"query_ids"',
+                "since",
+            )
         rows = _int(body.get("rows", 1000), "rows", 0, MAX_ROWS)
         result = await client.replay_async(
             body.get("query_ids"),
             since=body.get("since"),
             until=body.get("until"),
             entity=_mapping(body.get("entity"), "entity"),
-            limit=_int(body.get("limit", 100_000), "limit", 1, 1_000_000),
+            limit=_int(body.get("limit", DEFAULT_LIMIT), "limit", 1, 1_000_000),
             models=_mapping(body.get("models"), "models"),
             recompute=_strings(body.get("recompute", []), "recompute"),
         )

@@ -70,6 +70,10 @@ class QueryLog(Protocol):
         """The newest records first."""
         ...
 
+    def get_many(self, query_ids: Sequence[str]) -> dict[str, LoggedQuery]:
+        """The records of these queries that exist, by id (one flush for all)."""
+        ...
+
     def search(self, search: Search) -> list[LoggedQuery]:
         """The decisions `search` names, newest first (pending writes are flushed first)."""
         ...
@@ -125,6 +129,8 @@ class _Backend(Protocol):
 
     def fetch_recent(self, limit: int) -> list[_Row]: ...
 
+    def fetch_many(self, query_ids: Sequence[str]) -> list[_Row]: ...
+
     def fetch_search(self, search: Search, plans: Sequence[str] | None) -> list[_Row]: ...
 
     def fetch_plans(self) -> dict[str, PlanInfo]: ...
@@ -157,6 +163,9 @@ class NullQueryLog:
 
     def recent(self, limit: int = 20) -> list[LoggedQuery]:
         return []
+
+    def get_many(self, query_ids: Sequence[str]) -> dict[str, LoggedQuery]:
+        return {}
 
     def search(self, search: Search) -> list[LoggedQuery]:
         return []

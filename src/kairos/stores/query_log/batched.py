@@ -172,8 +172,12 @@ class BatchedQueryLog:
 
     def _queue(self, item: object, count: int) -> None:
         with self._state_lock:
-            self._backlog += count
-        self._pending.append(item)
+            if not self._closed:
+                self._backlog += count
+                self._pending.append(item)  # before close() queues its stop: written
+                return
+        for _ in range(count):  # closed while this waited for room
+            self._drop("the log was closed while the record waited for room")
 
     def _encode(self, record: LoggedQuery) -> _Row | None:
         # Encode now (~10 us): the record is then exactly what the query saw, whatever the
@@ -251,6 +255,17 @@ class BatchedQueryLog:
         row = self._backend.fetch_one(query_id)
         return None if row is None else _decode_record(row)
 
+    def get_many(self, query_ids: Sequence[str]) -> dict[str, LoggedQuery]:
+        self._check_open()
+        self.flush()
+        wanted = list(dict.fromkeys(query_ids))
+        found: dict[str, LoggedQuery] = {}
+        with collector_paused(len(wanted) >= 1000):
+            for start in range(0, len(wanted), 500):  # SQLite binds at most 32766 values
+                for row in self._backend.fetch_many(wanted[start : start + 500]):
+                    found[row.query_id] = _decode_record(row)
+        return found
+
     def recent(self, limit: int = 20) -> list[LoggedQuery]:
         self._check_open()
         self.flush()
@@ -294,7 +309,7 @@ class BatchedQueryLog:
                 return
             self._closed = True
         atexit.unregister(self.close)
-        self._pending.append(_STOP)
+        self._pending.append(_STOP)  # after every record `_queue` took while the log was open
         self._wake.set()
         self._writer.join(timeout)
         if self._writer.is_alive():
@@ -382,9 +397,9 @@ class BatchedQueryLog:
                 self._backend.write_batch(rows)
             except Exception as exc:
                 if time.monotonic() + delay > give_up:
-                    self._lose(
-                        len(rows), f"{type(exc).__name__}: {self._backend.scrub(str(exc).strip())}"
-                    )
+                    error = f"{type(exc).__name__}: {self._backend.scrub(str(exc).strip())}"
+                    with self._state_lock:
+                        self._lose(len(rows), error)
                     return
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -394,6 +409,7 @@ class BatchedQueryLog:
                 return
 
     def _lose(self, count: int, error: str) -> None:
+        """Count records that could not be kept (call with `_state_lock` held)."""
         self.lost += count
         self._last_error = error
         logger.warning("query log %s could not write %d records: %s", self.name, count, error)

@@ -224,8 +224,9 @@ class _PostgresBackend:
 
     def _load_plans(self) -> None:
         for plan, info in self._reading().execute(self._select_plans).fetchall():
-            data = info if isinstance(info, dict) else orjson.loads(info)
-            self._plans[plan] = PlanInfo.from_dict(data)
+            found = PlanInfo.stored(info)
+            if found is not None:  # a corrupt row costs its plan, not every read
+                self._plans[plan] = found
 
     def fetch_plans(self) -> dict[str, PlanInfo]:
         with self._read_lock:
@@ -241,6 +242,10 @@ class _PostgresBackend:
         sql = self._sql
         rows = self._read(self._select + sql.SQL(" WHERE l.query_id = %s"), (query_id,))
         return rows[0] if rows else None
+
+    def fetch_many(self, query_ids: Sequence[str]) -> list[_Row]:
+        sql = self._sql
+        return self._read(self._select + sql.SQL(" WHERE l.query_id = ANY(%s)"), (list(query_ids),))
 
     def fetch_recent(self, limit: int) -> list[_Row]:
         sql = self._sql

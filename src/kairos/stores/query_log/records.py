@@ -98,6 +98,16 @@ class PlanInfo:
         }
 
     @classmethod
+    def stored(cls, info: Any) -> PlanInfo | None:
+        """A plan as the plans table keeps it (JSON text, or what the driver parsed), or
+        None when it is not one (a corrupt row costs its plan, not every read)."""
+        try:
+            data = orjson.loads(info) if isinstance(info, str | bytes) else info
+            return cls.from_dict(data)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PlanInfo:
         return cls(
             data["fingerprint"],
@@ -350,6 +360,8 @@ def _logged_values(
         tree = orjson.loads(encoded)
     except orjson.JSONDecodeError as error:
         raise CorruptValue(f"values {encoded[:40]!r} are not valid JSON: {error}") from None
+    if type(tree) is not dict:
+        raise CorruptValue(f"values {encoded[:40]!r} are not an object of values by name")
     if len(tree) == 1 and next(iter(tree)).startswith("$") and "$inputs" not in tree:
         tree = restore(tree)  # odd names: the codec wrote it
     times: dict[str, datetime] = {}

@@ -47,6 +47,9 @@ class _SQLiteBackend:
             conn = self._connect()
             try:
                 conn.execute("PRAGMA journal_mode=WAL")  # persistent: stored in the file
+                # one transaction: two processes opening an older log do not both migrate
+                # it, and a crash leaves it old or migrated (keys indexed), nothing between
+                conn.execute("BEGIN IMMEDIATE")
                 conn.execute(
                     f'CREATE TABLE IF NOT EXISTS "{self.table}" ('
                     "query_id TEXT PRIMARY KEY, now TEXT NOT NULL, inputs TEXT NOT NULL, "
@@ -82,6 +85,11 @@ class _SQLiteBackend:
                         f'l.now, l.query_id FROM "{self.table}" l, json_each(l.inputs) j '
                         "WHERE j.type IN ('text', 'integer')"
                     )
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
             finally:
                 conn.close()
         except (OSError, sqlite3.Error) as exc:
@@ -179,6 +187,15 @@ class _SQLiteBackend:
             except sqlite3.Error as exc:
                 self._close_reader()
                 raise QueryLogError(f"cannot read query log {self.name!r}: {exc}") from exc
+        try:
+            return self._rows(fetched)
+        except (ValueError, TypeError) as exc:  # a row not written by this log
+            raise QueryLogError(
+                f"query log {self.name!r} holds a row that cannot be read ({exc}); "
+                "was the table written by something else?"
+            ) from None
+
+    def _rows(self, fetched: list[Any]) -> list[_Row]:
         return [
             _Row(
                 query_id=query_id,
@@ -208,7 +225,9 @@ class _SQLiteBackend:
 
     def _load_plans(self) -> None:
         for plan, info in self._reading().execute(self._select_plans).fetchall():
-            self._plans[plan] = PlanInfo.from_dict(orjson.loads(info))
+            found = PlanInfo.stored(info)
+            if found is not None:
+                self._plans[plan] = found
 
     def fetch_plans(self) -> dict[str, PlanInfo]:
         with self._read_lock:
@@ -222,6 +241,10 @@ class _SQLiteBackend:
     def fetch_one(self, query_id: str) -> _Row | None:
         rows = self._read(f"{self._select} WHERE l.query_id = ?", (query_id,))
         return rows[0] if rows else None
+
+    def fetch_many(self, query_ids: Sequence[str]) -> list[_Row]:
+        marks = ", ".join("?" * len(query_ids))
+        return self._read(f"{self._select} WHERE l.query_id IN ({marks})", query_ids)
 
     def fetch_recent(self, limit: int) -> list[_Row]:
         # rowid grows with every insert and the writer is the only one: append order
