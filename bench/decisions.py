@@ -156,6 +156,7 @@ def logging_in_process(folder: Path, queries: int, rounds: int) -> list[Row]:
         logged.log.flush(timeout=60)
         store = logged.log.store
         written = int(getattr(store, "records_written", 0))
+        dropped = store.dropped
         record = logged.log.recent(1)[0]
     finally:
         logged.close()
@@ -185,7 +186,17 @@ def logging_in_process(folder: Path, queries: int, rounds: int) -> list[Row]:
             f"  of which: encoding that record alone ({size:,} bytes of JSON), best of 2000",
             f"{encode_us:.1f} us",
         ),
+        dropped_row("in process", dropped, written),
     ]
+
+
+def dropped_row(where: str, dropped: int, written: int) -> Row:
+    return Row(
+        f"{where}: records dropped (kairos_query_log_dropped_total) / written",
+        f"{dropped} / {written:,}",
+        "",
+        f"0 dropped: {verdict(dropped == 0)}",
+    )
 
 
 # --- 1b. logging cost over HTTP ---------------------------------------------------------
@@ -335,6 +346,7 @@ def logging_over_http(folder: Path, requests: int, rounds: int) -> list[Row]:
             order = ["on", "off"] if round_number % 2 == 0 else ["off", "on"]
             for name in order:
                 samples[name] += timed_requests(connections[name], per_round)
+        dropped = metric(servers["on"].port, "kairos_query_log_dropped_total")
     finally:
         for connection in connections.values():
             connection.close()
@@ -357,7 +369,18 @@ def logging_over_http(folder: Path, requests: int, rounds: int) -> list[Row]:
             f"{(ratio - 1) * 100:+.1f}% p50 ({ratio:.3f}x)",
             f"<= +{(GOAL_HTTP_RATIO - 1) * 100:.0f}% p50: {verdict(ratio <= GOAL_HTTP_RATIO)}",
         ),
+        dropped_row("HTTP", int(dropped), 300 + 1 + per_round * rounds),
     ]
+
+
+def metric(port: int, name: str) -> float:
+    """One sample of the server's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise RuntimeError(f"{name} is not on /metrics")
 
 
 # --- 2. search at 1M records ------------------------------------------------------------
@@ -721,6 +744,7 @@ def replay_throughput(folder: Path, decisions: int) -> list[Row]:
                 raise RuntimeError(f"logging the decisions failed: {bulk.errors[:3]}")
         client.log.flush(timeout=300)
         logging_rate = decisions / (time.perf_counter() - started)
+        dropped = client.log.store.dropped
 
         client.models.predict("risk", x[:1000], version=2)  # warm
         floor_s = min(
@@ -742,6 +766,7 @@ def replay_throughput(folder: Path, decisions: int) -> list[Row]:
             f"replay: logging {decisions:,} decisions (query_bulk, 10k rows each)",
             f"{logging_rate:,.0f} decisions/s",
         ),
+        dropped_row("bulk, 10k rows a query", dropped, decisions),
         Row(
             f"replay floor: sklearn predict_proba, {decisions:,} x 5",
             f"{decisions / raw_s:,.0f} rows/s",
