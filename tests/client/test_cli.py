@@ -74,4 +74,10 @@ def test_log_show_reads_back_a_query(tmp_path: Path, capsys: pytest.CaptureFixtu
     logged = json.loads(capsys.readouterr().out)
     assert logged["outputs"]["user.name"]["value"] == "Ada"
     assert logged["outputs"]["user.name"]["source"] == "user"
+    assert logged["values"]["user.id"]["source"] == "input"  # the whole record, as HTTP has it
+    assert logged["plan"]["outputs"] == ["user.name"]
+    assert main(["log", "show", query_id, "--project", str(folder)]) == 0
+    shown = capsys.readouterr().out
+    assert "user.name *" in shown and "user.id " in shown and "input" in shown
+    assert f"plan {logged['plan']['fingerprint']}" in shown
     assert main(["log", "show", "nope", "--project", str(folder)]) == 2

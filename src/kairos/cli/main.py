@@ -150,33 +150,38 @@ def _log_show(args: argparse.Namespace) -> int:
         record = client.log.get(args.query_id)
     if record is None:
         raise KairosError(f"no logged query {args.query_id!r} in {args.project}")
-    if args.json:
-        body = {
-            "query_id": record.query_id,
-            "now": record.now.isoformat(),
-            "inputs": record.inputs,
-            "outputs": {
-                name: {
-                    "value": v.value,
-                    "observed_at": v.observed_at.isoformat() if v.observed_at else None,
-                    "source": v.source,
-                    "version": v.version,
-                    "error": v.error_code,
-                }
-                for name, v in record.outputs.items()
-            },
-        }
-        print(json.dumps(body, default=str, indent=2))
+    if args.json:  # the record as GET /v1/log/{query_id} answers it
+        print(json.dumps(record.to_dict(), default=_json_value, indent=2))
         return 0
     print(f"query {record.query_id} at {record.now.isoformat()} ({record.duration_ms:.2f} ms)")
     print("inputs: " + ", ".join(f"{k}={v!r}" for k, v in record.inputs.items()))
     rows = [
-        (name, cell(v.value), v.source or "-", v.version or "-", cell(v.observed_at),
-         v.error_code or "")
-        for name, v in record.outputs.items()
+        (name + (" *" if name in record.outputs else ""), _shown(v.value), v.source or "-",
+         v.version or "-", cell(v.observed_at),
+         "-" if v.age_s is None else f"{v.age_s:g}s", v.error_code or "")
+        for name, v in record.values.items()
     ]  # fmt: skip
-    print(grid(("feature", "value", "source", "version", "observed_at", "error"), rows))
+    print(grid(("feature (* asked)", "value", "source", "version", "observed_at", "age", "error"),
+               rows))  # fmt: skip
+    for call in record.model_calls:
+        print(f"model {call['version']} -> {call['feature']}: {call['vector']}")
+    for call in record.llm_calls:
+        cost = call.get("cost_usd")
+        print(
+            f"llm {call.get('model')} ({call.get('deployment') or '-'}) -> {call.get('feature')}: "
+            f"{call.get('prompt_tokens')}+{call.get('completion_tokens')} tokens, "
+            f"TTFT {cell(call.get('ttft_ms'))} ms" + ("" if cost is None else f", ${cost:.6f}")
+        )
+    if record.plan is not None:
+        print(f"plan {record.plan.fingerprint}, definitions {record.plan.definitions}")
     return 0
+
+
+def _shown(value: Any) -> str:
+    """A logged value in a table: a has-many as its row count, anything long cut short."""
+    if isinstance(value, list) and value and all(isinstance(row, dict) for row in value):
+        return f"[{len(value)} rows]"
+    return short(" ".join(str(cell(value)).split()))
 
 
 def _log_list(args: argparse.Namespace) -> int:
