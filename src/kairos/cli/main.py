@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from kairos.cli.consume import add_consume_command
 from kairos.cli.deploy import add_deploy_commands
 from kairos.cli.gateway import add_gateway_commands
 from kairos.cli.history import materialize, offline
@@ -129,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     add_deploy_commands(commands)
     add_models_commands(commands)
     add_replay_command(commands)
+    add_consume_command(commands)
     return parser
 
 

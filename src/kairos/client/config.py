@@ -28,6 +28,7 @@ import yaml
 
 from kairos.definitions.durations import parse_duration
 from kairos.errors import KairosError, ProjectError
+from kairos.sources.streams.base import StreamSpec
 
 CONFIG_FILE = "kairos.yaml"
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -40,6 +41,7 @@ _KEYS = {
     "server",
     "models",
     "llm",
+    "streams",
     "gateway",  # read by kairos.gateway.GatewayConfig
 }
 _MODELS_KEYS = {"registry", "volume", "max_batch", "max_wait", "refresh"}
@@ -114,6 +116,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
+    streams: Mapping[str, Any] = field(default_factory=dict)  # name -> a streams: entry
 
     @classmethod
     def load(cls, folder: Path) -> Config:
@@ -168,7 +171,21 @@ class Config:
             ),
             models=_models(raw.get("models") or {}, folder, path),
             llm=_llm(raw.get("llm") or {}, path),
+            streams=_streams(raw.get("streams") or {}, path),
         )
+
+
+def _streams(raw: Any, path: Path) -> dict[str, Any]:
+    """`streams:` entries, checked now so a typo fails at load, with `${VAR}` in URLs read."""
+    if not isinstance(raw, dict):
+        raise ProjectError(f"{path}: `streams` maps names to stream settings (kind, url, ...)")
+    streams = {}
+    for name, entry in raw.items():
+        if isinstance(entry, dict) and isinstance(entry.get("url"), str):
+            entry = {**entry, "url": interpolate(entry["url"], f"{path} streams.{name}.url")}
+        StreamSpec.parse(str(name), entry, str(path))
+        streams[str(name)] = entry
+    return streams
 
 
 def _llm(raw: Any, path: Path) -> LLMConfig:

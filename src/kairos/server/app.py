@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from kairos.client.client import QUERY_ID, Client
 from kairos.client.config import ServerConfig
+from kairos.client.consume import consumers_for, run_consumers
 from kairos.client.decisions import MAX_LIMIT, moment
 from kairos.errors import (
     BackendUnavailable,
@@ -177,9 +178,11 @@ class Server:
     def __init__(self, client: Client, config: ServerConfig) -> None:
         self.client = client
         self.keys = [k.encode() for k in config.keys]
+        self.consumers = consumers_for(client)  # the project's streams: entries
         self.metrics = Metrics(
             query_log_dropped=lambda: client.log.store.dropped,
             query_log_lost=lambda: client.log.store.lost,
+            streams=lambda: [(c.name, c.stats) for c in self.consumers],
         )
 
     def authorized(self, request: Request) -> bool:
@@ -408,7 +411,11 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(client.models.warm)  # models load before the first query
         await asyncio.to_thread(client.llm.warm)  # and the tokenizers LLM features count with
+        stop = asyncio.Event()  # the project's streams, consumed while the server runs
+        consuming = asyncio.ensure_future(run_consumers(server.consumers, stop))
         yield
+        stop.set()
+        await consuming
         if close_client:
             await client.aclose()
             print("kairos stopped; query log flushed", file=sys.stderr, flush=True)

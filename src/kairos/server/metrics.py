@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -60,14 +60,54 @@ class _QueryLogDropped(Collector):
         )
 
 
+class _Streams(Collector):
+    """Per stream consumed by this server: messages, events written, dead-lettered, failed
+    batches and the broker's lag, read from the consumers when /metrics is rendered."""
+
+    def __init__(self, streams: Callable[[], Sequence[tuple[str, Any]]]) -> None:
+        self._streams = streams
+
+    def collect(self) -> Iterator[Metric]:
+        counts = {
+            "messages": CounterMetricFamily(
+                "kairos_stream_messages", "Messages read from a stream", labels=["stream"]
+            ),
+            "events": CounterMetricFamily(
+                "kairos_stream_events", "Events written from a stream", labels=["stream"]
+            ),
+            "dead": CounterMetricFamily(
+                "kairos_stream_dead_letters",
+                "Messages put on the dead-letter stream, with their reason",
+                labels=["stream"],
+            ),
+            "errors": CounterMetricFamily(
+                "kairos_stream_errors",
+                "Batches that failed (broker or store) and are read again",
+                labels=["stream"],
+            ),
+        }
+        lag = GaugeMetricFamily(
+            "kairos_stream_lag", "Messages the broker has not delivered yet", labels=["stream"]
+        )
+        for name, stats in self._streams():
+            for field, family in counts.items():
+                family.add_metric([name], getattr(stats, field))
+            if stats.lag is not None:
+                lag.add_metric([name], stats.lag)
+        yield from counts.values()
+        yield lag
+
+
 class Metrics:
     def __init__(
         self,
         query_log_dropped: Callable[[], int] = lambda: 0,
         query_log_lost: Callable[[], int] = lambda: 0,
+        streams: Callable[[], Sequence[tuple[str, Any]]] = list,
     ) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_QueryLogDropped(query_log_dropped, query_log_lost))
+        self.registry.register(_Streams(streams))
         self.requests = Counter(
             "kairos_requests", "HTTP requests", ["endpoint", "status"], registry=self.registry
         )

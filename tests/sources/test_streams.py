@@ -1,0 +1,306 @@
+"""Streams consumed into events against the real Redis and NATS JetStream of this machine:
+events reach the windows, a repeated event id counts once, poison goes to the dead-letter
+stream with its reason, and a consumer killed mid-batch loses nothing and counts nothing twice
+when it restarts."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from starlette.testclient import TestClient
+
+import kairos as kr
+from kairos import DataFrame, FeatureTime, Windowed, _, features, windowed
+from kairos.client.config import Config
+from kairos.client.consume import consumers_for
+from kairos.errors import ProjectError
+from kairos.server import create_app
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+NATS_URL = "nats://127.0.0.1:4222"
+T0 = datetime(2026, 6, 1, 12, tzinfo=UTC)
+
+
+@features(events=True)
+class Payment:
+    id: str
+    payer_id: "Payer.id"
+    amount: float
+    at: FeatureTime
+
+
+@features
+class Payer:
+    id: str
+    payments: DataFrame[Payment]
+    paid: Windowed[int] = windowed("7d", expression=_.payments[_.at > _.window_start].count())
+
+
+def event(i: int, payer: str = "p1", **extra: Any) -> dict[str, Any]:
+    at = (T0 - timedelta(minutes=i)).isoformat()
+    return {"id": f"e{i}", "payer_id": payer, "amount": float(i), "at": at, **extra}
+
+
+async def drained(consumer: Any) -> int:
+    try:
+        return int(await consumer.drain())
+    finally:
+        await consumer.close()
+
+
+def paid(client: kr.Client, payer: str = "p1") -> int:
+    value = client.query({Payer.id: payer}, [Payer.paid["7d"]], now=T0).get_value(Payer.paid["7d"])
+    return int(value)
+
+
+@pytest.fixture
+def r() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(REDIS_URL)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def stream_key(r: redis.Redis) -> Iterator[str]:
+    key = f"kairos-test-{uuid.uuid4().hex[:10]}"
+    yield key
+    r.delete(key, f"{key}.dead")
+
+
+def groups(r: redis.Redis, key: str) -> dict[str, Any]:
+    """The stream's consumer groups by name (none before the consumer made its group)."""
+    if not r.exists(key):
+        return {}
+    found = {}
+    for group in r.xinfo_groups(key):
+        name = group["name"]
+        found[name.decode() if isinstance(name, bytes) else name] = group
+    return found
+
+
+def client_for(folder: Path, streams: dict[str, Any], offline: str = "none://") -> kr.Client:
+    config = Config(base_dir=folder, streams=streams, offline_store=offline)
+    return kr.Client(definitions=[Payment, Payer], config=config, query_log="none://")
+
+
+def test_redis_events_reach_the_windows_once_and_poison_is_dead_lettered(
+    tmp_path: Path, stream_key: str, r: redis.Redis
+) -> None:
+    for i in range(40):
+        r.xadd(stream_key, {"data": json.dumps(event(i))})
+    r.xadd(stream_key, {"data": json.dumps(event(3))})  # delivered twice: counts once
+    r.xadd(stream_key, {"data": b"{not json"})
+    r.xadd(stream_key, {"data": json.dumps({"id": "x1", "payer_id": "p1", "amount": 1.0})})
+    r.xadd(stream_key, {"data": json.dumps(event(99, amount="lots"))})
+    spec = {"kind": "redis", "url": REDIS_URL, "stream": stream_key, "events": "Payment",
+            "batch": 16}  # fmt: skip
+    with client_for(tmp_path, {"payments": spec}) as client:
+        [consumer] = consumers_for(client)
+        assert asyncio.run(drained(consumer)) == 44
+        assert paid(client) == 40
+        stats = consumer.stats
+        assert (stats.messages, stats.events, stats.dead) == (44, 41, 3)
+        assert stats.lag == 0
+    dead: list[Any] = r.xrange(f"{stream_key}.dead")  # type: ignore[assignment]
+    reasons = [fields[b"reason"].decode() for _, fields in dead]
+    assert len(reasons) == 3
+    assert any("JSON" in reason or "unexpected" in reason for reason in reasons)
+    assert any("'at'" in reason for reason in reasons)  # the event with no time
+    assert any("amount" in reason for reason in reasons)
+    pending = r.xpending(stream_key, "kairos")
+    assert pending["pending"] == 0  # every message acknowledged
+
+
+def test_a_redis_consumer_killed_mid_batch_loses_and_doubles_nothing(
+    tmp_path: Path, stream_key: str, r: redis.Redis
+) -> None:
+    """`kairos consume` is killed (SIGKILL) while it works through the stream; started again,
+    it reads what it was given and had not acknowledged: every event kept exactly once."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "features.py").write_text(
+        textwrap.dedent("""
+        from kairos import DataFrame, FeatureTime, Windowed, _, features, windowed
+
+        @features(events=True)
+        class Payment:
+            id: str
+            payer_id: "Payer.id"
+            amount: float
+            at: FeatureTime
+
+        @features
+        class Payer:
+            id: str
+            payments: DataFrame[Payment]
+            paid: Windowed[int] = windowed(
+                "7d", expression=_.payments[_.at > _.window_start].count()
+            )
+    """)
+    )
+    (folder / "slow.py").write_text(
+        textwrap.dedent("""
+        import json, time
+
+        def to_event(message):
+            time.sleep(0.01)  # a batch takes a while: the kill lands inside one
+            return json.loads(message["body"])
+    """)
+    )
+    (folder / "kairos.yaml").write_text(
+        textwrap.dedent(f"""
+        offline_store: duckdb:///.kairos/offline.duckdb
+        query_log: none://
+        streams:
+          payments:
+            kind: redis
+            url: {REDIS_URL}
+            stream: {stream_key}
+            events: payment
+            map: slow:to_event
+            batch: 20
+    """)
+    )
+    total = 300
+    for i in range(total):
+        r.xadd(stream_key, {"data": json.dumps(event(i, payer=f"p{i % 3}"))})
+    command = [sys.executable, "-m", "kairos.cli", "consume", "--project", str(folder)]
+    log = (tmp_path / "consume.log").open("wb")
+    process = subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # kill it once some, not all, were acknowledged
+        group = groups(r, stream_key).get("kairos")
+        if group is not None and 60 <= int(group["entries-read"] or 0) < total - 60:
+            break
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(30)
+    log.close()
+    group = groups(r, stream_key)["kairos"]
+    assert 0 < int(group["entries-read"]) < total  # killed part way
+    assert int(group["pending"]) > 0  # with a batch delivered and not acknowledged
+    again = subprocess.run([*command, "--drain"], cwd=folder, capture_output=True, text=True,
+                           timeout=120)  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert r.xpending(stream_key, "kairos")["pending"] == 0
+    with kr.Client(folder) as client:  # the windows read every event back from the store
+        counts = [paid(client, f"p{k}") for k in range(3)]
+    assert counts == [100, 100, 100]
+
+
+def test_nats_jetstream_events_reach_the_windows_and_poison_is_terminated(
+    tmp_path: Path,
+) -> None:
+    nats = pytest.importorskip("nats")
+    subject = f"kairos.test.{uuid.uuid4().hex[:10]}"
+    name = subject.replace(".", "_")
+    dead: list[Any] = []
+
+    async def publish() -> None:
+        connection = await nats.connect(NATS_URL)
+        js = connection.jetstream()
+        await js.add_stream(name=name, subjects=[subject])
+        for i in range(25):
+            await js.publish(subject, json.dumps(event(i)).encode())
+        await js.publish(subject, json.dumps(event(4)).encode())
+        await js.publish(subject, b"[1, 2]")
+        await connection.close()
+
+    async def consume(client: kr.Client) -> int:
+        watcher = await nats.connect(NATS_URL)
+
+        async def on_dead(message: Any) -> None:
+            dead.append(message)
+
+        await watcher.subscribe(f"{subject}.dead", cb=on_dead)
+        [consumer] = consumers_for(client)
+        try:
+            count = await consumer.drain(idle=0.5)
+            await watcher.flush()
+            await asyncio.sleep(0.2)
+        finally:
+            await consumer.close()
+            await watcher.close()
+        return count
+
+    async def cleanup() -> None:
+        connection = await nats.connect(NATS_URL)
+        await connection.jetstream().delete_stream(name)
+        await connection.close()
+
+    asyncio.run(publish())
+    spec = {"kind": "nats", "url": NATS_URL, "stream": subject, "events": "payment",
+            "group": "kairos-test", "batch": 10}  # fmt: skip
+    try:
+        with client_for(tmp_path, {"payments": spec}) as client:
+            assert asyncio.run(consume(client)) == 27
+            assert paid(client) == 25
+    finally:
+        asyncio.run(cleanup())
+    assert len(dead) == 1
+    assert "not an object" in dead[0].headers["Kairos-Reason"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"kind": "kafka", "url": "x", "stream": "s", "events": "payment"}, "kind"),
+        ({"kind": "redis", "url": REDIS_URL, "stream": "s"}, "events is required"),
+        ({"kind": "redis", "url": REDIS_URL, "stream": "s", "events": "p", "colour": 1}, "colour"),
+        ({"kind": "redis", "url": REDIS_URL, "stream": "s", "events": "p", "batch": 0}, "batch"),
+        ({"kind": "redis", "url": REDIS_URL, "stream": "s", "events": "p", "map": "x"}, "map"),
+    ],
+)
+def test_a_bad_streams_entry_is_a_project_error_naming_the_key(
+    tmp_path: Path, entry: dict[str, Any], message: str
+) -> None:
+    (tmp_path / "kairos.yaml").write_text(json.dumps({"streams": {"payments": entry}}))
+    with pytest.raises(ProjectError, match=message):
+        Config.load(tmp_path)
+
+
+def test_a_stream_feeding_a_class_that_takes_no_events_names_those_that_do(
+    tmp_path: Path,
+) -> None:
+    spec = {"kind": "redis", "url": REDIS_URL, "stream": "s", "events": "payer"}
+    with (
+        client_for(tmp_path, {"payments": spec}) as client,
+        pytest.raises(ProjectError, match="events classes: payment"),
+    ):
+        consumers_for(client)
+
+
+def test_kairos_serve_consumes_its_streams_and_reports_them_on_metrics(
+    tmp_path: Path, stream_key: str, r: redis.Redis
+) -> None:
+    for i in range(10):
+        r.xadd(stream_key, {"data": json.dumps(event(i))})
+    r.xadd(stream_key, {"data": b"poison"})
+    spec = {"kind": "redis", "url": REDIS_URL, "stream": stream_key, "events": "payment"}
+    with client_for(tmp_path, {"payments": spec}) as client:
+        body = {"inputs": {"payer.id": "p1"}, "outputs": ["payer.paid[7d]"],
+                "now": T0.isoformat()}  # fmt: skip
+        with TestClient(create_app(client)) as http:  # the app's lifespan runs the consumer
+            deadline = time.monotonic() + 20
+            while True:
+                value = http.post("/v1/query/online", json=body).json()["values"]
+                if value["payer.paid[7d]"] == 10 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            metrics = http.get("/metrics").text
+    assert value["payer.paid[7d]"] == 10
+    assert 'kairos_stream_events_total{stream="payments"} 10.0' in metrics
+    assert 'kairos_stream_dead_letters_total{stream="payments"} 1.0' in metrics
+    assert 'kairos_stream_messages_total{stream="payments"} 11.0' in metrics
