@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 import redis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from starlette.testclient import TestClient
 
 import kairos as kr
@@ -256,7 +258,7 @@ def test_nats_jetstream_events_reach_the_windows_and_poison_is_terminated(
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
-        ({"kind": "kafka", "url": "x", "stream": "s", "events": "payment"}, "kind"),
+        ({"kind": "pulsar", "url": "x", "stream": "s", "events": "payment"}, "kind"),
         ({"kind": "redis", "url": REDIS_URL, "stream": "s"}, "events is required"),
         ({"kind": "redis", "url": REDIS_URL, "stream": "s", "events": "p", "colour": 1}, "colour"),
         ({"kind": "redis", "url": REDIS_URL, "stream": "s", "events": "p", "batch": 0}, "batch"),
@@ -304,3 +306,103 @@ def test_kairos_serve_consumes_its_streams_and_reports_them_on_metrics(
     assert 'kairos_stream_events_total{stream="payments"} 10.0' in metrics
     assert 'kairos_stream_dead_letters_total{stream="payments"} 1.0' in metrics
     assert 'kairos_stream_messages_total{stream="payments"} 11.0' in metrics
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Kafka-protocol broker on this machine (the PyPI package noida-db), for the tests:
+    the consumer code knows nothing of it."""
+    binary = Path(sys.executable).parent / "noida-db"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder = tmp_path_factory.mktemp("kafka")
+    log = (folder / "broker.log").open("wb")
+    broker = subprocess.Popen(
+        [str(binary), "start", "--only", "kafka", "--kafka-port", str(port),
+         "--data-dir", str(folder / "data")],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if broker.poll() is not None or time.monotonic() > deadline:
+                log.close()
+                raise RuntimeError((folder / "broker.log").read_text()) from None
+            time.sleep(0.1)
+    try:
+        yield f"kafka://127.0.0.1:{port}"
+    finally:
+        os.killpg(broker.pid, signal.SIGTERM)
+        broker.wait(30)
+        log.close()
+
+
+def test_kafka_events_reach_the_windows_once_and_offsets_follow_the_writes(
+    tmp_path: Path, kafka: str
+) -> None:
+    topic = f"kairos-test-{uuid.uuid4().hex[:8]}"
+    servers = kafka.removeprefix("kafka://")
+
+    async def publish() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=servers)
+        await producer.start()
+        for i in range(30):
+            await producer.send_and_wait(topic, json.dumps(event(i)).encode())
+        await producer.send_and_wait(topic, json.dumps(event(7)).encode())
+        await producer.send_and_wait(topic, b"not json")
+        await producer.stop()
+
+    async def dead_letters() -> list[Any]:
+        consumer = AIOKafkaConsumer(f"{topic}.dead", bootstrap_servers=servers,
+                                    auto_offset_reset="earliest", group_id="reader")  # fmt: skip
+        await consumer.start()
+        try:
+            got = await consumer.getmany(timeout_ms=3000)
+        finally:
+            await consumer.stop()
+        return [record for records in got.values() for record in records]
+
+    asyncio.run(publish())
+    spec = {"kind": "kafka", "url": kafka, "stream": topic, "events": "payment", "batch": 8}
+    with client_for(tmp_path, {"payments": spec}) as client:
+        [consumer] = consumers_for(client)
+        assert asyncio.run(drained(consumer)) == 32
+        assert paid(client) == 30
+        assert (consumer.stats.events, consumer.stats.dead) == (31, 1)
+        [again] = consumers_for(client)  # the group's offsets are committed: nothing left
+        assert asyncio.run(drained(again)) == 0
+    [dead] = asyncio.run(dead_letters())
+    assert dead.value == b"not json"
+    assert b"JSONDecodeError" in dict(dead.headers)["kairos-reason"]
+
+
+def test_a_kafka_batch_not_acknowledged_is_read_again(tmp_path: Path, kafka: str) -> None:
+    """A consumer that read a batch and stopped before writing it (killed) has committed
+    nothing: the next one reads the same messages."""
+    topic = f"kairos-test-{uuid.uuid4().hex[:8]}"
+
+    async def publish() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka.removeprefix("kafka://"))
+        await producer.start()
+        for i in range(12):
+            await producer.send_and_wait(topic, json.dumps(event(i)).encode())
+        await producer.stop()
+
+    async def read_and_stop(stream: Any) -> int:
+        try:
+            return len(await stream.read(5, timeout=5.0))  # taken, never acknowledged
+        finally:
+            await stream.close()
+
+    asyncio.run(publish())
+    spec = {"kind": "kafka", "url": kafka, "stream": topic, "events": "payment", "batch": 5}
+    with client_for(tmp_path, {"payments": spec}) as client:
+        [first] = consumers_for(client)
+        assert asyncio.run(read_and_stop(first.stream)) == 5
+        [second] = consumers_for(client)
+        assert asyncio.run(drained(second)) == 12
+        assert paid(client) == 12

@@ -125,6 +125,8 @@ class Consumer:
             except (BackendUnavailable, KairosError, OSError) as error:
                 self.stats.errors += 1
                 self.stats.last_error = str(error)
+                with contextlib.suppress(BackendUnavailable, KairosError, OSError):
+                    await self.stream.redeliver()  # the failed batch is read again
                 logger.warning("stream %s: %s; retrying in %.1fs", self.name, error, delay)
                 with contextlib.suppress(TimeoutError):  # or stop: no need to wait it out
                     await asyncio.wait_for(stop.wait(), delay)

@@ -1,5 +1,5 @@
-"""Brokers that feed events to kairos: Redis Streams (consumer groups) and NATS JetStream
-(durable pull consumers), behind one `Stream` protocol.
+"""Brokers that feed events to kairos: Redis Streams (consumer groups), NATS JetStream
+(durable pull consumers) and Kafka (consumer groups, aiokafka), behind one `Stream` protocol.
 
 A stream hands out messages in batches; a message is acknowledged only after the events it
 carries are durable (the consumer's job), so a consumer killed mid-batch gets the batch again
@@ -17,10 +17,11 @@ from typing import Any
 
 from kairos.errors import KairosError
 from kairos.sources.streams.base import Message, Stream, StreamSpec
+from kairos.sources.streams.kafka import KafkaStream
 from kairos.sources.streams.nats import NatsStream
 from kairos.sources.streams.redis import RedisStream
 
-KINDS = ("redis", "nats")
+KINDS = ("redis", "nats", "kafka")
 
 
 def stream_from_config(name: str, raw: Any, where: str = "kairos.yaml") -> Stream:
@@ -30,10 +31,12 @@ def stream_from_config(name: str, raw: Any, where: str = "kairos.yaml") -> Strea
         return RedisStream(spec)
     if spec.kind == "nats":
         return NatsStream(spec)
+    if spec.kind == "kafka":
+        return KafkaStream(spec)
     raise KairosError(  # pragma: no cover - StreamSpec.parse checks the kind
         f"{where}: streams.{name}.kind {spec.kind!r} is not one of {', '.join(KINDS)}"
     )
 
 
-__all__ = ["KINDS", "Message", "NatsStream", "RedisStream", "Stream", "StreamSpec",
-           "stream_from_config"]  # fmt: skip
+__all__ = ["KINDS", "KafkaStream", "Message", "NatsStream", "RedisStream", "Stream",
+           "StreamSpec", "stream_from_config"]  # fmt: skip

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from kairos.backends.url import redact
 from kairos.errors import ProjectError
 
-_KINDS = ("redis", "nats")
+_KINDS = ("redis", "nats", "kafka")
 _KEYS = {"kind", "url", "stream", "events", "format", "map", "group", "consumer", "batch",
          "dead_letter", "claim_after"}  # fmt: skip
 _NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
@@ -122,6 +122,10 @@ class Stream(Protocol):
     async def dead_letter(self, message: Message, reason: str) -> None:
         """Put a message that cannot become an event on the dead-letter stream, with why,
         and acknowledge it (it is not delivered again)."""
+        ...
+
+    async def redeliver(self) -> None:
+        """After a batch failed (it is not acknowledged): read it again next."""
         ...
 
     async def lag(self) -> int | None:

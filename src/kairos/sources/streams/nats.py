@@ -89,6 +89,9 @@ class NatsStream:
         except Exception as error:
             raise self._unavailable(error) from None
 
+    async def redeliver(self) -> None:
+        return None  # JetStream delivers what was not acknowledged again after its ack wait
+
     async def lag(self) -> int | None:
         subscription = await self._subscribed()
         try:

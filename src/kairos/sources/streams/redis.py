@@ -90,6 +90,9 @@ class RedisStream:
         except (RedisError, OSError) as error:
             raise self._unavailable(error) from None
 
+    async def redeliver(self) -> None:
+        self._own_pending = True  # what this consumer was given and did not acknowledge
+
     async def lag(self) -> int | None:
         redis = await self._client()
         try:
