@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kairos.backends.url import redact
-from kairos.errors import ProjectError
+from kairos.errors import BackendUnavailable, ProjectError
 
 _KINDS = ("redis", "nats", "kafka")
 _KEYS = {"kind", "url", "stream", "events", "format", "map", "group", "consumer", "batch",
@@ -95,6 +95,13 @@ class StreamSpec:
             dead_letter=raw.get("dead_letter", ""),
             claim_after=float(claim),
         )
+
+
+def unavailable(spec: StreamSpec, error: Exception) -> BackendUnavailable:
+    """A broker call that failed, named by stream, URL (no password) and key."""
+    return BackendUnavailable(
+        f"stream {spec.name!r} ({spec.shown_url}, {spec.stream}): {type(error).__name__}: {error}"
+    )
 
 
 @dataclass(frozen=True, slots=True)

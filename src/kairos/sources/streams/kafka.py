@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kairos.errors import BackendUnavailable, KairosError
-from kairos.sources.streams.base import Message, StreamSpec
+from kairos.sources.streams.base import Message, StreamSpec, unavailable
 
 
 class KafkaStream:
@@ -27,10 +27,7 @@ class KafkaStream:
         return self.spec.url.split("://", 1)[-1].rstrip("/")
 
     def _unavailable(self, error: Exception) -> BackendUnavailable:
-        return BackendUnavailable(
-            f"stream {self.spec.name!r} ({self.spec.shown_url}, {self.spec.stream}): "
-            f"{type(error).__name__}: {error}"
-        )
+        return unavailable(self.spec, error)
 
     async def _started(self) -> Any:
         if self._consumer is None:

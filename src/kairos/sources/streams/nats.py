@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kairos.errors import BackendUnavailable, KairosError
-from kairos.sources.streams.base import Message, StreamSpec
+from kairos.sources.streams.base import Message, StreamSpec, unavailable
 
 
 class NatsStream:
@@ -23,10 +23,7 @@ class NatsStream:
         self._jetstream: Any = None
 
     def _unavailable(self, error: Exception) -> BackendUnavailable:
-        return BackendUnavailable(
-            f"stream {self.spec.name!r} ({self.spec.shown_url}, {self.spec.stream}): "
-            f"{type(error).__name__}: {error}"
-        )
+        return unavailable(self.spec, error)
 
     async def _subscribed(self) -> Any:
         if self._subscription is None:

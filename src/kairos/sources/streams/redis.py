@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from kairos.errors import BackendUnavailable
-from kairos.sources.streams.base import Message, StreamSpec
+from kairos.sources.streams.base import Message, StreamSpec, unavailable
 
 BODY = "data"  # the entry field holding the JSON event
 
@@ -39,10 +39,7 @@ class RedisStream:
         return self._redis
 
     def _unavailable(self, error: Exception) -> BackendUnavailable:
-        return BackendUnavailable(
-            f"stream {self.spec.name!r} ({self.spec.shown_url}, {self.spec.stream}): "
-            f"{type(error).__name__}: {error}"
-        )
+        return unavailable(self.spec, error)
 
     async def read(self, count: int, timeout: float) -> list[Message]:
         redis = await self._client()
