@@ -78,14 +78,10 @@ class QueryLog(Protocol):
         """The decisions `search` names, newest first (pending writes are flushed first)."""
         ...
 
-    async def append_async(self, records: Sequence[LoggedQuery]) -> None:
-        """Queue records, waiting (without blocking the event loop) while the queue is full:
-        backpressure, never a dropped record."""
-        ...
-
     async def append_later(self, build: Callable[[], Sequence[LoggedQuery]], count: int) -> None:
-        """Queue `count` records built (`build()`) and encoded off the query's path, with
-        the same backpressure as `append_async`."""
+        """Queue `count` records built (`build()`) and encoded off the query's path; while
+        the queue is full, wait (without blocking the event loop): backpressure, never a
+        dropped record."""
         ...
 
     def close(self) -> None:
@@ -169,9 +165,6 @@ class NullQueryLog:
 
     def search(self, search: Search) -> list[LoggedQuery]:
         return []
-
-    async def append_async(self, records: Sequence[LoggedQuery]) -> None:
-        return None
 
     async def append_later(self, build: Callable[[], Sequence[LoggedQuery]], count: int) -> None:
         return None

@@ -141,23 +141,11 @@ class BatchedQueryLog:
             return
         self._queue(row, 1)
 
-    async def append_async(self, records: Sequence[LoggedQuery]) -> None:
-        """Queue `records`; while the queue is full, wait for the writer (the query's answer
-        waits, the event loop does not): backpressure instead of a dropped record."""
-        for record in records:
-            if self._closed:
-                self._drop("the log is closed")
-                continue
-            row = self._encode(record)
-            if row is None:
-                continue
-            await self._room()
-            self._queue(row, 1)
-
     async def append_later(self, build: Callable[[], Sequence[LoggedQuery]], count: int) -> None:
         """Queue `count` records that the writer thread builds (`build()`) and encodes, so
-        a query answers without spending that time; waits while the queue is full, like
-        `append_async`. `build` must only read values no one changes afterwards."""
+        a query answers without spending that time. While the queue is full it waits for the
+        writer (the query waits, the event loop does not): backpressure, not a dropped
+        record. `build` must only read values no one changes afterwards."""
         if self._closed:
             for _ in range(count):
                 self._drop("the log is closed")
