@@ -9,6 +9,7 @@ import pytest
 
 import kairos as kr
 from examples.fraud.generate import ANCHOR
+from kairos.stores.query_log import LoggedQuery, LoggedValue
 from tests.server.fraud import OUTPUTS, error_of, online_body
 from tests.server.test_routes import metric_samples, value_of
 
@@ -138,3 +139,21 @@ async def test_metrics_read_the_query_logs_dropped_count(
     samples = metric_samples((await http.get("/metrics")).text)
 
     assert value_of(samples["kairos_query_log_dropped_total"]) == 1 == client.log.dropped
+
+
+async def test_an_int_past_64_bits_in_a_record_is_sent_as_its_digits(
+    http: httpx.AsyncClient, client: kr.Client
+) -> None:
+    big = 2**70
+    record = LoggedQuery(
+        "wide-int", ANCHOR, {"user.id": "u0009"},
+        {"user.name": LoggedValue(big, ANCHOR, "user", "v1", None, None)},
+        1.0, [], ANCHOR,
+    )  # fmt: skip
+    client.log.append(record)
+    one = await http.get("/v1/log/wide-int")
+    assert one.status_code == 200, one.text
+    assert one.json()["outputs"]["user.name"]["value"] == str(big)
+    found = await http.get("/v1/log", params={"entity": "user.id:u0009"})
+    assert found.status_code == 200, found.text
+    assert found.json()["records"][0]["values"]["user.name"]["value"] == str(big)

@@ -406,3 +406,80 @@ def test_a_kafka_batch_not_acknowledged_is_read_again(tmp_path: Path, kafka: str
         [second] = consumers_for(client)
         assert asyncio.run(drained(second)) == 12
         assert paid(client) == 12
+
+
+def test_a_failing_store_leaves_the_batch_unacknowledged_and_it_is_read_again(
+    tmp_path: Path, stream_key: str, r: redis.Redis
+) -> None:
+    """The offline store is a PostgreSQL nobody listens on: every batch fails, the consumer
+    counts the errors and backs off, and acknowledges nothing; the same consumer started on a
+    store that works reads the batch it was given and writes it."""
+    for i in range(5):
+        r.xadd(stream_key, {"data": json.dumps(event(i))})
+    spec = {"kind": "redis", "url": REDIS_URL, "stream": stream_key, "events": "payment"}
+    down = "postgresql://postgres@127.0.0.1:1/test"
+
+    async def run_briefly(consumer: Any) -> None:
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(consumer.run(stop, idle=0.1))
+        await asyncio.sleep(1.0)
+        stop.set()
+        await running
+        await consumer.close()
+
+    with client_for(tmp_path / "a", {"payments": spec}, offline=down) as failing:
+        [consumer] = consumers_for(failing)
+        asyncio.run(run_briefly(consumer))
+        assert consumer.stats.errors >= 2 and consumer.stats.events == 0
+        assert consumer.stats.last_error
+    assert r.xpending(stream_key, "kairos")["pending"] == 5  # delivered, none acknowledged
+    with client_for(tmp_path / "b", {"payments": spec}) as working:
+        [consumer] = consumers_for(working)
+        assert asyncio.run(drained(consumer)) == 5
+        assert paid(working) == 5
+    assert r.xpending(stream_key, "kairos")["pending"] == 0
+
+
+def test_kairos_consume_stops_on_sigterm_after_the_batch_in_hand(
+    tmp_path: Path, stream_key: str, r: redis.Redis
+) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "features.py").write_text(
+        textwrap.dedent("""
+        from kairos import FeatureTime, features
+
+        @features(events=True)
+        class Payment:
+            id: str
+            amount: float
+            at: FeatureTime
+    """)
+    )
+    (folder / "kairos.yaml").write_text(json.dumps({
+        "query_log": "none://",
+        "streams": {"payments": {"kind": "redis", "url": REDIS_URL, "stream": stream_key,
+                                 "events": "payment"}},
+    }))  # fmt: skip
+    log_path = tmp_path / "consume.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kairos.cli", "consume", "--project", str(folder)],
+            cwd=folder, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while "kairos" not in groups(r, stream_key) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the consumer made its group: it is reading
+        r.xadd(stream_key, {"data": json.dumps({"id": "e1", "amount": 1.0,
+                                                 "at": T0.isoformat()})})  # fmt: skip
+        while r.xpending(stream_key, "kairos")["pending"] or not int(
+            groups(r, stream_key)["kairos"]["entries-read"] or 0
+        ):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(30)
+    assert code == 0, log_path.read_text()
+    assert "consuming payments" in log_path.read_text()
+    assert r.xpending(stream_key, "kairos")["pending"] == 0

@@ -19,7 +19,9 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import math
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from kairos.client.client import Client
 
 logger = logging.getLogger("kairos.streams")
+LAG_EVERY = 1.0  # seconds between reads of a stream's lag (for /metrics)
 
 
 @dataclass
@@ -116,12 +119,14 @@ class Consumer:
     async def run(self, stop: asyncio.Event, idle: float = 1.0) -> None:
         """Step until `stop` is set; a failing broker or store is retried with backoff."""
         delay = 0.1
+        checked = -math.inf
         while not stop.is_set():
             try:
                 await self.step(idle)
                 delay = 0.1
-                if self.stats.messages % 50 == 0:
+                if time.monotonic() - checked >= LAG_EVERY:  # one broker call, not per batch
                     self.stats.lag = await self.stream.lag()
+                    checked = time.monotonic()
             except (BackendUnavailable, KairosError, OSError) as error:
                 self.stats.errors += 1
                 self.stats.last_error = str(error)
