@@ -4,6 +4,7 @@ against the obvious slow computation, and the same online and offline."""
 import math
 import random
 import statistics
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 import kairos as kr
 from kairos import DataFrame, FeatureTime, Now, Windowed, _, features, windowed
+from tests.stores.conftest import REDIS_URL, delete_prefix, redis_available
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 
@@ -126,9 +128,24 @@ def brute(rows: list[dict[str, Any]], account: str, now: datetime) -> dict[str, 
     }
 
 
+@pytest.fixture(params=["in_process", "redis"])
+def online_store(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Windows in this process (memory online store) or in Redis, shared by every server."""
+    if request.param == "in_process":
+        yield "memory://"
+        return
+    if not redis_available():
+        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    prefix = f"kw{uuid.uuid4().hex[:12]}"
+    yield f"{REDIS_URL}?prefix={prefix}"
+    delete_prefix(prefix)
+
+
 @pytest.fixture
-def client() -> Iterator[kr.Client]:
-    with kr.Client(definitions=[Payment, Account], query_log="none://") as client:
+def client(online_store: str) -> Iterator[kr.Client]:
+    with kr.Client(
+        definitions=[Payment, Account], query_log="none://", online_store=online_store
+    ) as client:
         yield client
 
 
@@ -195,7 +212,10 @@ def test_nothing_from_the_future_and_rows_as_of_now(client: kr.Client) -> None:
     account=st.sampled_from(["a1", "a2"]),
 )
 def test_online_at_t_equals_offline_at_t(client: kr.Client, seconds: int, account: str) -> None:
-    if not client.windows.rows("payment", "account_id", "a1", T0 + timedelta(days=99)):
+    later = T0 + timedelta(days=99)
+    if not client.query({"account.id": "a1"}, ["account.lifetime"], now=later).get_value(
+        "account.lifetime"
+    ):
         client.write_events(Payment, events(4, 600))
     now = T0 + timedelta(seconds=seconds)
     online = client.query({"account.id": account}, WINDOWED, now=now)
@@ -250,9 +270,12 @@ async def test_events_over_http(client: kr.Client) -> None:
         assert bad.status_code == 422 and "did you mean 'amount'" in bad.json()["error"]["message"]
         assert (await h.post("/v1/events/account", json={"rows": []})).status_code == 422
         assert (await h.post("/v1/events/nope", json={"rows": []})).status_code == 404
+    await client.aclose()  # on this loop: its Redis connections belong to it
 
 
-def test_large_integer_sums_stay_exact_and_bad_rows_do_not_break_the_index() -> None:
+def test_large_integer_sums_stay_exact_and_bad_rows_do_not_break_the_index(
+    online_store: str,
+) -> None:
     @features(events=True, namespace="tick")
     class Tick:
         id: str
@@ -270,7 +293,9 @@ def test_large_integer_sums_stay_exact_and_bad_rows_do_not_break_the_index() -> 
             "1d", expression=_.ticks[_.n / _.d, _.at > _.window_start].max()
         )
 
-    with kr.Client(definitions=[Tick, Box], query_log="none://") as client:
+    with kr.Client(
+        definitions=[Tick, Box], query_log="none://", online_store=online_store
+    ) as client:
         rows = [
             {"id": "t0", "box_id": "b", "n": 2**60, "d": 1, "at": T0},
             {"id": "t1", "box_id": "b", "n": 1, "d": 0, "at": T0 + timedelta(hours=5)},  # n / 0

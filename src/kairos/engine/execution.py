@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -28,7 +28,7 @@ from kairos.engine.evaluate import Compiled, compile_expression
 from kairos.engine.result import ColumnData, FeatureError, NodeTiming
 from kairos.engine.rows import normalize_rows, select_rows
 from kairos.engine.values import check
-from kairos.engine.windows import WindowIndex
+from kairos.engine.windows import WindowIndex, Windows
 from kairos.errors import InvalidValue
 from kairos.planner.plan import (
     DefaultNode,
@@ -74,12 +74,12 @@ class Engine:
         pool: ThreadPoolExecutor,
         *,
         observe: bool = False,
-        windows: WindowIndex | None = None,
+        windows: Windows | None = None,
     ) -> None:
         self.graph = graph
         self.store = store
         self.pool = pool
-        self.windows = windows or WindowIndex()  # events written to kairos, and aggregates
+        self.windows: Windows = windows or WindowIndex()  # events written to kairos, and aggregates
         self.observe = observe  # collect computed values for the offline store
         self._compiled: dict[tuple[str, str], Compiled] = {}
         self._inputs: dict[tuple[str, str], tuple[list[Compiled], list[Compiled]]] = {}
@@ -343,9 +343,9 @@ class _Run:
             case ExpressionNode():
                 return self.run_expression(node, rows, outputs)
             case EventsNode():
-                return self.run_events(node, rows, outputs)
+                return await self.run_events(node, rows, outputs)
             case WindowNode():
-                return self.run_window(node, rows, outputs)
+                return await self.run_window(node, rows, outputs)
             case ResolverNode():
                 return await self.run_resolver(node, rows, outputs)
         raise TypeError(f"no runner for {type(node).__name__}")  # pragma: no cover
@@ -444,37 +444,43 @@ class _Run:
             self.set(outputs, node.outputs[0], row, node.default, "default")
         return "ok"
 
-    def run_events(self, node: EventsNode, rows: list[int], outputs: dict[str, ColumnData]) -> str:
+    async def run_events(
+        self, node: EventsNode, rows: list[int], outputs: dict[str, ColumnData]
+    ) -> str:
         """Events written to kairos, from the index."""
         info = self.plan.columns[node.outputs[0]].info
         child, fk = info.target or "", info.join_key or ""
-        index = self.engine.windows
-        return self.from_index(
-            node, rows, outputs, lambda key, now: index.rows(child, fk, key, now)
-        )
+        keys, nows = self.index_keys(node, rows)
+        found = await self.engine.windows.event_rows(child, fk, keys, nows)
+        return self.from_index(node, rows, outputs, found)
 
-    def run_window(self, node: WindowNode, rows: list[int], outputs: dict[str, ColumnData]) -> str:
+    async def run_window(
+        self, node: WindowNode, rows: list[int], outputs: dict[str, ColumnData]
+    ) -> str:
         """A windowed aggregate over events written to kairos, from the index."""
         info = self.plan.columns[node.outputs[0]].info
-        feature = (info.namespace, info.name)
-        index = self.engine.windows
-        return self.from_index(node, rows, outputs, lambda key, now: index.value(feature, key, now))
+        keys, nows = self.index_keys(node, rows)
+        found = await self.engine.windows.values((info.namespace, info.name), keys, nows)
+        return self.from_index(node, rows, outputs, found)
+
+    def index_keys(
+        self, node: EventsNode | WindowNode, rows: list[int]
+    ) -> tuple[list[Any], list[datetime]]:
+        keys = self.cols[node.inputs[0]].values
+        return [keys[row] for row in rows], [self.nows[row] for row in rows]
 
     def from_index(
         self,
         node: EventsNode | WindowNode,
         rows: list[int],
         outputs: dict[str, ColumnData],
-        lookup: Callable[[Any, datetime], Any],
+        found: list[Any],
     ) -> str:
         column = node.outputs[0]
-        keys = self.cols[node.inputs[0]].values
-        for row in rows:
-            try:
-                value = lookup(keys[row], self.nows[row])
-            except Exception as error:  # e.g. distinct values that cannot be hashed
+        for row, value in zip(rows, found, strict=True):
+            if isinstance(value, Exception):
                 self.fail(outputs, column, row, "expression_error",
-                          f"{column}: {type(error).__name__}: {error}", None)  # fmt: skip
+                          f"{column}: {type(value).__name__}: {value}", None)  # fmt: skip
                 continue
             self.set(outputs, column, row, value, node.kind)
         return "ok"  # a failed lookup is an error of its row's feature, not of the node

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from kairos.definitions.windows import WindowSpec
 from kairos.engine.evaluate import Compiled, aggregate_values, compile_expression
@@ -130,7 +130,7 @@ def _most(a: Any, b: Any) -> Any:
     return b if a is None else a if b is None else max(a, b)
 
 
-class _Aggregate:
+class WindowAggregate:
     def __init__(self, spec: WindowSpec, fk: str) -> None:
         self.spec = spec
         self.fk = fk
@@ -210,15 +210,22 @@ class WindowIndex:
         self._events: dict[tuple[str, str], dict[Any, tuple[list[datetime], list[dict[str, Any]]]]]
         self._events = {}
         self._by_id: dict[str, dict[Any, dict[str, Any]]] = {}
-        self._aggregates: dict[tuple[str, str], _Aggregate] = {}
-        self._by_child: dict[str, list[_Aggregate]] = {}
+        self._aggregates: dict[tuple[str, str], WindowAggregate] = {}
+        self._by_child: dict[str, list[WindowAggregate]] = {}
         self._time_field: dict[str, str] = {}
         self._loader = loader
         self._load_lock = threading.Lock()
 
-    def register(self, feature: tuple[str, str], child: str, fk: str, spec: WindowSpec) -> None:
+    def register(
+        self,
+        feature: tuple[str, str],
+        child: str,
+        fk: str,
+        spec: WindowSpec,
+        value_kind: str | None = None,
+    ) -> None:
         """Answer `feature` (namespace, name) from `child` events grouped by `fk`."""
-        aggregate = _Aggregate(spec, fk)
+        aggregate = WindowAggregate(spec, fk)
         self._aggregates[feature] = aggregate
         self._by_child.setdefault(child, []).append(aggregate)
         self._time_field[child] = spec.time_field
@@ -322,3 +329,62 @@ class WindowIndex:
 
     def answers(self, feature: tuple[str, str]) -> bool:
         return feature in self._aggregates
+
+    async def values(
+        self, feature: tuple[str, str], keys: Sequence[Any], nows: Sequence[datetime]
+    ) -> list[Any]:
+        """`value` of each (key, now); a row that cannot be answered holds its exception."""
+        pairs = zip(keys, nows, strict=True)
+        return [_or_error(self.value, feature, key, now) for key, now in pairs]
+
+    def close(self) -> None:
+        """Nothing to release: the events live in this process."""
+
+    async def event_rows(
+        self, child: str, fk: str, keys: Sequence[Any], nows: Sequence[datetime]
+    ) -> list[Any]:
+        """`rows` of each (key, now); a row that cannot be answered holds its exception."""
+        pairs = zip(keys, nows, strict=True)
+        return [_or_error(self.rows, child, fk, key, now) for key, now in pairs]
+
+
+def _or_error(lookup: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return lookup(*args)
+    except Exception as error:  # e.g. distinct values that cannot be hashed
+        return error
+
+
+class Windows(Protocol):
+    """Where events and their windowed aggregates live: this process (`WindowIndex`) or a
+    store every replica shares (`SharedWindows`)."""
+
+    def register(
+        self,
+        feature: tuple[str, str],
+        child: str,
+        fk: str,
+        spec: WindowSpec,
+        value_kind: str | None = None,
+    ) -> None: ...
+
+    def write(
+        self,
+        child: str,
+        fks: Sequence[str],
+        time_field: str,
+        rows: Sequence[dict[str, Any]],
+        primary: str | None = None,
+    ) -> int: ...
+
+    def answers(self, feature: tuple[str, str]) -> bool: ...
+
+    async def values(
+        self, feature: tuple[str, str], keys: Sequence[Any], nows: Sequence[datetime]
+    ) -> list[Any]: ...
+
+    async def event_rows(
+        self, child: str, fk: str, keys: Sequence[Any], nows: Sequence[datetime]
+    ) -> list[Any]: ...
+
+    def close(self) -> None: ...

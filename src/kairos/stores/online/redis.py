@@ -95,8 +95,8 @@ class RedisOnlineStore:
         from redis.exceptions import NoScriptError
         from redis.exceptions import TimeoutError as RedisTimeoutError
 
-        self._unreachable = (RedisConnectionError, RedisTimeoutError)
-        self._no_script = NoScriptError
+        self.unreachable = (RedisConnectionError, RedisTimeoutError)
+        self.no_script = NoScriptError
         try:
             parse_url(self._url)  # a bad URL fails here, not at the first query
         except ValueError as error:
@@ -109,6 +109,11 @@ class RedisOnlineStore:
 
     def __repr__(self) -> str:
         return f"RedisOnlineStore({redact_url(self._url)!r}, prefix={self.prefix!r})"
+
+    @property
+    def url(self) -> str:
+        """The server's URL, without kairos's own options (it may hold a password)."""
+        return self._url
 
     def entity_key(self, namespace: str, key: Any) -> str:
         """The Redis hash that holds one entity's features: `kairos:user:"u1"`."""
@@ -124,7 +129,7 @@ class RedisOnlineStore:
             if entity is None:
                 entity = names[(namespace, key)] = self.entity_key(namespace, key)
             entities.setdefault(entity, []).append((position, name))
-        client = self._client()
+        client = self.client()
         try:
             if len(entities) == 1:  # the usual online query: skip the pipeline's bookkeeping
                 entity, wanted = next(iter(entities.items()))
@@ -134,8 +139,8 @@ class RedisOnlineStore:
                     for entity, wanted in entities.items():
                         pipe.hmget(entity, [name for _, name in wanted])
                     replies = await pipe.execute()
-        except self._unreachable as error:
-            raise self._unavailable(error) from None
+        except self.unreachable as error:
+            raise self.unavailable(error) from None
         values: list[StoredValue | None] = [None] * len(keys)
         for (entity, wanted), reply in zip(entities.items(), replies, strict=True):
             for (position, name), payload in zip(wanted, reply, strict=True):
@@ -153,18 +158,18 @@ class RedisOnlineStore:
             return
         # Encode everything first: a value that cannot be stored fails the put before any write.
         chunks = [self._script_args(items[i : i + _CHUNK]) for i in range(0, len(items), _CHUNK)]
-        client = self._client()
+        client = self.client()
         try:
             replies = await self._evalsha(client, chunks)
             unloaded = [
-                c for c, r in zip(chunks, replies, strict=True) if isinstance(r, self._no_script)
+                c for c, r in zip(chunks, replies, strict=True) if isinstance(r, self.no_script)
             ]
             if unloaded:  # first put since Redis started (or SCRIPT FLUSH): load, then retry
                 await client.script_load(_PUT_NEWEST)
-                replies = [r for r in replies if not isinstance(r, self._no_script)]
+                replies = [r for r in replies if not isinstance(r, self.no_script)]
                 replies += await self._evalsha(client, unloaded)
-        except self._unreachable as error:
-            raise self._unavailable(error) from None
+        except self.unreachable as error:
+            raise self.unavailable(error) from None
         for reply in replies:
             if isinstance(reply, Exception):
                 raise KairosError(f"{self!r}: writing features failed: {reply}") from reply
@@ -179,7 +184,8 @@ class RedisOnlineStore:
 
     # --- helpers --------------------------------------------------------------------------
 
-    def _client(self) -> redis.Redis:
+    def client(self) -> redis.Redis:
+        """The redis.asyncio client of the running event loop (one per loop, kept)."""
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is not None:
@@ -212,7 +218,7 @@ class RedisOnlineStore:
             replies: list[Any] = await pipe.execute(raise_on_error=False)
             return replies
 
-    def _unavailable(self, error: Exception) -> OnlineStoreUnavailable:
+    def unavailable(self, error: Exception) -> OnlineStoreUnavailable:
         return OnlineStoreUnavailable(
             f"online store {redact_url(self._url)!r} is unreachable ({error}); is Redis running?"
         )

@@ -1,0 +1,287 @@
+"""Windowed aggregates every replica agrees on: events and tiles in the shared online store.
+
+With a Redis online store, `write_events` (and the stream consumers, and `POST
+/v1/events/{ns}`) on any server puts the event, and what it adds to each windowed aggregate,
+in Redis (`stores/online/redis_windows.py`); every server's next query sees it. This module is
+the engine's half: it applies each aggregate's filters and projection to an event (the same
+code as the in-process index), and turns what Redis merges back into the aggregate's value.
+
+- A window of at most `EXACT` rows is answered from its rows with the arithmetic of a scan,
+  exactly as `WindowIndex` answers it; a larger one from tiles, so its float sums carry the
+  rounding of a different order of additions (ints are exact up to 2**53).
+- count, sum, mean and std, and min and max of an int or float feature, are tiled;
+  distinct_count and min and max of other types read the window's rows.
+- On first use, a server loads the events the offline store holds into Redis unless Redis
+  already has them (a restarted Redis), and builds each aggregate Redis has not seen yet (a
+  new or changed windowed feature) from the events Redis holds. Both are idempotent: two
+  servers starting at once do the work twice and agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from kairos.definitions.windows import WindowSpec
+from kairos.engine.evaluate import aggregate_values
+from kairos.engine.windows import EventBatch, WindowAggregate, WindowIndex, Windows
+from kairos.errors import InvalidInput, KairosError
+from kairos.stores.codec import decode_text, encode, encode_key, to_micros
+from kairos.stores.online.redis import RedisOnlineStore
+from kairos.stores.online.redis_windows import (
+    FANOUT,
+    Contribution,
+    EventRow,
+    RedisWindowStore,
+    TileRead,
+)
+
+__all__ = ["EXACT", "SharedWindows", "windows_for"]
+
+EXACT = 256  # windows with up to this many rows are answered from their rows
+_ALL_ROWS = 1 << 62
+_LIMIT = 1 << 53  # microseconds a Lua double holds exactly (years 1685 to 2255)
+_TILED = {"count", "sum", "mean", "std"}
+_EPOCH = datetime.min
+
+
+def windows_for(store: object, loader: Callable[[], Iterable[EventBatch]] | None) -> Windows:
+    """Windows in Redis with a Redis online store (every server shares them), else in this
+    process; `loader` gives the events the offline store holds."""
+    if isinstance(store, RedisOnlineStore):
+        return SharedWindows(RedisWindowStore(store), loader)
+    return WindowIndex(loader)
+
+
+class _Series:
+    """What Redis keeps for the windowed features that share events, filters and projection
+    (`count` over 1d, 7d and 90d is one series): its name there and its top tile level."""
+
+    def __init__(self, identity: str, child: str, fk: str, spec: WindowSpec, tiled: bool) -> None:
+        self.identity, self.child, self.fk, self.tiled = identity, child, fk, tiled
+        self.aggregate = WindowAggregate(spec, fk)
+        self.top = -1
+        self.name = ""
+        self.cover(spec.window)
+
+    def cover(self, window: timedelta) -> None:
+        """Keep tiles up to the largest level a `window` uses; a new top is a new series."""
+        if not self.tiled:
+            self.name = hashlib.sha1(self.identity.encode()).hexdigest()[:16]
+            return
+        seconds, top = max(1, int(window.total_seconds())), 0
+        while FANOUT ** (top + 1) <= seconds:
+            top += 1
+        self.top = max(self.top, top)
+        named = f"{self.identity}/{self.top}".encode()
+        self.name = hashlib.sha1(named).hexdigest()[:16]
+
+    def contribution(self, row: dict[str, Any], event_id: str, micros: int) -> Contribution:
+        kept, value = self.aggregate.kept(row, _EPOCH)
+        text: str | None = None
+        if kept:
+            text = _tiled_text(value) if self.tiled else encode(value).decode()
+        entity = encode_key(row.get(self.fk))
+        return Contribution(self.name, event_id, micros, entity, text, self.top)
+
+
+class _Shared:
+    """One windowed feature: its aggregation over a series."""
+
+    def __init__(self, spec: WindowSpec, series: _Series) -> None:
+        self.spec, self.series = spec, series
+
+    def finish(self, read: TileRead) -> Any:
+        fn, counting = self.spec.fn, self.spec.projection is None
+        if read.rows is not None:
+            values = [_value(text, self.series.tiled) for text in read.rows]
+            if fn == "count" and counting:
+                return len(values)
+            return aggregate_values(fn, [v for v in values if v is not None])
+        n = read.present
+        if fn == "count":
+            return read.count if counting else n
+        if n == 0:
+            return 0 if fn == "sum" else None
+        if fn == "sum":
+            return read.total if read.floats else int(read.total)
+        if fn == "mean":
+            return read.total / n
+        if fn == "std":
+            if n < 2:
+                return None
+            spread = read.squares - read.total * read.total / n
+            return math.sqrt(max(spread, 0.0) / (n - 1))
+        found = read.low if fn == "min" else read.high
+        return found if read.floats or found is None else int(found)
+
+
+def _tiled_text(value: Any) -> str:
+    """A value as a tile script reads it: '' (null), 'i<int>' or 'f<float>'; a value that is
+    not a number adds nothing but its row."""
+    if isinstance(value, bool | int):
+        return f"i{int(value)}"
+    if isinstance(value, float):
+        return f"f{value!r}"
+    return ""
+
+
+def _value(text: str, tiled: bool) -> Any:
+    if not tiled:
+        return decode_text(text)
+    if not text:
+        return None
+    return int(text[1:]) if text[0] == "i" else float(text[1:])
+
+
+class SharedWindows:
+    """The `Windows` of N servers on one Redis: events and windows live in Redis."""
+
+    def __init__(
+        self,
+        store: RedisWindowStore,
+        loader: Callable[[], Iterable[EventBatch]] | None = None,
+    ) -> None:
+        self.store = store
+        self._aggregates: dict[tuple[str, str], _Shared] = {}
+        self._series: dict[str, _Series] = {}
+        self._by_child: dict[str, list[_Series]] = {}
+        self._loader = loader
+        self._ready = False
+        self._ready_lock = threading.Lock()
+
+    def register(
+        self,
+        feature: tuple[str, str],
+        child: str,
+        fk: str,
+        spec: WindowSpec,
+        value_kind: str | None = None,
+    ) -> None:
+        """Answer `feature` from `child` events grouped by `fk`; `value_kind` is the feature's
+        type (min and max are tiled for int and float)."""
+        tiled = spec.fn in _TILED or (spec.fn in ("min", "max") and value_kind in ("int", "float"))
+        identity = repr((child, fk, spec.time_field, spec.filters, spec.projection, tiled))
+        series = self._series.get(identity)
+        if series is None:
+            series = self._series[identity] = _Series(identity, child, fk, spec, tiled)
+            self._by_child.setdefault(child, []).append(series)
+        else:
+            series.cover(spec.window)
+        self._aggregates[feature] = _Shared(spec, series)
+
+    def answers(self, feature: tuple[str, str]) -> bool:
+        return feature in self._aggregates
+
+    def write(
+        self,
+        child: str,
+        fks: Sequence[str],
+        time_field: str,
+        rows: Sequence[dict[str, Any]],
+        primary: str | None = None,
+    ) -> int:
+        """Store events of `child` and what they add to its windows; returns how many events
+        changed (a retried delivery changes nothing)."""
+        self._prepare()
+        return self._write(child, fks, time_field, rows, primary)
+
+    async def values(
+        self, feature: tuple[str, str], keys: Sequence[Any], nows: Sequence[datetime]
+    ) -> list[Any]:
+        if not self._ready:
+            await asyncio.to_thread(self._prepare)
+        shared = self._aggregates[feature]
+        spec, series = shared.spec, shared.series
+        exact = EXACT if series.tiled else _ALL_ROWS
+        requests = []
+        for key, now in zip(keys, nows, strict=True):
+            first = to_micros(now - spec.window) + (0 if spec.inclusive else 1)
+            last = to_micros(now)
+            requests.append((series.name, encode_key(key), first, last, exact, series.top))
+        return [shared.finish(read) for read in await self.store.read(requests)]
+
+    async def event_rows(
+        self, child: str, fk: str, keys: Sequence[Any], nows: Sequence[datetime]
+    ) -> list[Any]:
+        if not self._ready:
+            await asyncio.to_thread(self._prepare)
+        pairs = zip(keys, nows, strict=True)
+        requests = [(child, fk, encode_key(key), to_micros(now)) for key, now in pairs]
+        return await self.store.rows(requests)
+
+    # --- first use ------------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        """Load the offline store's events into a Redis that lacks them, and build the
+        aggregates Redis has not seen; once per process."""
+        if self._ready:
+            return
+        with self._ready_lock:
+            if self._ready:
+                return
+            every = [series for group in self._by_child.values() for series in group]
+            loaded = (
+                "loaded:" + hashlib.sha1(",".join(sorted(self._by_child)).encode()).hexdigest()[:16]
+            )
+            if self._loader is not None and not self.store.marker(loaded):
+                for child, fks, time_field, primary, rows in self._loader():
+                    self._write(child, fks, time_field, rows, primary)
+                for series in every:
+                    self.store.set_marker("built:" + series.name)
+                self.store.set_marker(loaded)
+            for series in every:
+                if not self.store.marker("built:" + series.name):
+                    self._build(series)
+            self._ready = True
+
+    def _build(self, series: _Series) -> None:
+        """A new series' tiles, from the events Redis holds (skipping any event that another
+        server replaces meanwhile)."""
+        batch: list[Contribution] = []
+        for stored in self.store.stored_rows(series.child):
+            row = decode_text(stored.payload.decode())
+            found = series.contribution(row, stored.event_id, stored.micros)
+            batch.append(replace(found, expect=stored))
+            if len(batch) >= 1000:
+                self.store.write([], batch)
+                batch = []
+        self.store.write([], batch)
+        self.store.set_marker("built:" + series.name)
+
+    def _write(
+        self,
+        child: str,
+        fks: Sequence[str],
+        time_field: str,
+        rows: Sequence[dict[str, Any]],
+        primary: str | None,
+    ) -> int:
+        if primary is None:
+            raise KairosError(f"events of {child} need an id to be shared between servers")
+        aggregates = self._by_child.get(child, ())
+        stored: list[EventRow] = []
+        contributions: list[Contribution] = []
+        for row in rows:
+            when = row[time_field]
+            micros = to_micros(when)
+            if not -_LIMIT < micros < _LIMIT:
+                raise InvalidInput(
+                    f"event time {when.isoformat()} is outside the years 1685-2255 that "
+                    "windows in Redis keep exactly",
+                    field=time_field,
+                )
+            event_id = encode_key(row.get(primary))
+            keys = [self.store.rows_key(child, fk, encode_key(row.get(fk))) for fk in fks]
+            stored.append(EventRow(child, event_id, micros, keys, encode(row)))
+            contributions += [a.contribution(row, event_id, micros) for a in aggregates]
+        return self.store.write(stored, contributions)
+
+    def close(self) -> None:
+        self.store.close()

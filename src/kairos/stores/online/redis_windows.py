@@ -1,0 +1,545 @@
+"""Events and windowed partial aggregates in Redis: the window state N servers share.
+
+The engine decides what an event adds to each windowed aggregate (its filters and
+projection); this module keeps it. For an events class `child` and prefix `P`:
+
+- `P:ev:{child}`: a hash, event id -> the event as kairos stored it last (its time, the sorted
+  sets it is in, its encoded row). A retried delivery (the same row) changes nothing; a new
+  row under a known id replaces the old one everywhere.
+- `P:ev:{child}:{fk}:{entity}`: a sorted set of the entity's encoded events scored by time in
+  microseconds (the has-many of events a query reads).
+
+For a windowed aggregate `A` (named by a hash of its definition, so a changed window starts
+afresh):
+
+- `P:w:{A}:ids`: a hash, event id -> its contribution (time, entity, value): what makes every
+  write idempotent, and what a replaced or moved event takes back.
+- `P:w:{A}:r:{entity}`: a sorted set of (event id, value) scored by time: the exact rows.
+- `P:w:{A}:t:{entity}`: a hash of tiles. A tile is the partial aggregate (rows, non-null
+  values, sum, sum of squares, float count, min, max, as seven doubles) of one time bucket;
+  level `l` buckets are `8**l` seconds long, so a window is at most 7 tiles per level on
+  each side plus the exact rows of the two partial seconds at its edges: the cost of a query
+  grows with the window's length in levels, not with its events.
+
+A write is one Lua script per chunk of events (atomic, so replicas writing at once agree); a
+window read is one script per (aggregate, entity), all of a query's in one pipeline. A window
+of at most `exact` rows is answered from its rows, so it gets the arithmetic of a scan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kairos.backends.redis import failures_as
+from kairos.errors import KairosError
+from kairos.stores.codec import decode
+
+if TYPE_CHECKING:
+    import redis
+
+    from kairos.stores.online.redis import RedisOnlineStore
+
+__all__ = ["FANOUT", "Contribution", "EventRow", "RedisWindowStore", "TileRead"]
+
+FANOUT = 8  # a level-l tile covers FANOUT**l seconds
+_MICROS = 1_000_000
+# a window read: aggregate, entity, first and last micros, exact limit, top level
+_Request = tuple[str, str, int, int, int, int]
+_CHUNK = 200  # events per write script: a script blocks Redis while it runs
+
+_LUA_COMMON = """
+local function num(s)
+  if s == nil or s == '' then return nil end
+  local x = tonumber(s)
+  if x == nil then
+    if s == 'nan' or s == '-nan' then return 0/0 end
+    if s == 'inf' then return math.huge end
+    if s == '-inf' then return -math.huge end
+  end
+  return x
+end
+local function fmt(x)
+  if x == nil then return '' end
+  return string.format('%.17g', x)
+end
+-- a tiled value: '' (null), 'i<int>' or 'f<float>'; returns value, 1 if a float
+local function value_of(text)
+  if text == '' then return nil, 0 end
+  return num(string.sub(text, 2)), (string.sub(text, 1, 1) == 'f') and 1 or 0
+end
+-- a tile: rows, values, sum, squares, floats, min, max as seven little-endian doubles
+local function parse_tile(t)
+  if not t then return {0, 0, 0, 0, 0, nil, nil} end
+  local c, n, s, q, f, lo, hi = struct.unpack('<ddddddd', t)
+  if n == 0 then lo, hi = nil, nil end
+  return {c, n, s, q, f, lo, hi}
+end
+local function add_value(s, v, isf)
+  s[1] = s[1] + 1
+  if v ~= nil then
+    s[2] = s[2] + 1
+    s[3] = s[3] + v
+    s[4] = s[4] + v * v
+    s[5] = s[5] + isf
+    if s[6] == nil or v < s[6] then s[6] = v end
+    if s[7] == nil or v > s[7] then s[7] = v end
+  end
+end
+local function merge(s, t)
+  s[1] = s[1] + t[1]
+  if t[2] > 0 then
+    s[2] = s[2] + t[2]
+    s[3] = s[3] + t[3]
+    s[4] = s[4] + t[4]
+    s[5] = s[5] + t[5]
+    if s[6] == nil or t[6] < s[6] then s[6] = t[6] end
+    if s[7] == nil or t[7] > s[7] then s[7] = t[7] end
+  end
+end
+-- the value part of a raw member: '<event id>\\n<value>'
+local function member_value(m)
+  return string.sub(m, string.find(m, '\\n', 1, true) + 1)
+end
+"""
+
+# ARGV: items of 7: kind, a, b, c, d, e, f.
+#   'R', row hash, event id, stored row ('<micros>\n<key>\t<key>...\n<payload>'), -, -, -
+#   'A', aggregate prefix, event id, contribution ('' = none), top level (-1: no tiles),
+#        row hash or '' (a rebuild: skip unless the row is still), expected stored row
+# contribution: '<micros>|<second>|<len>|<entity><value>'
+_WRITE = (
+    _LUA_COMMON
+    + """
+local function parse_row(stored)
+  local a = string.find(stored, '\\n', 1, true)
+  local b = string.find(stored, '\\n', a + 1, true)
+  local keys, start = {}, a + 1
+  while start < b do
+    local e = string.find(stored, '\\t', start, true)
+    if e == nil or e > b then e = b end
+    keys[#keys + 1] = string.sub(stored, start, e - 1)
+    start = e + 1
+  end
+  return string.sub(stored, 1, a - 1), keys, string.sub(stored, b + 1)
+end
+local function parse_contribution(c)
+  local a = string.find(c, '|', 1, true)
+  local b = string.find(c, '|', a + 1, true)
+  local d = string.find(c, '|', b + 1, true)
+  local n = tonumber(string.sub(c, b + 1, d - 1))
+  return string.sub(c, 1, a - 1), tonumber(string.sub(c, a + 1, b - 1)),
+         string.sub(c, d + 1, d + n), string.sub(c, d + n + 1)
+end
+local function field(level, index)
+  return level .. ':' .. string.format('%.0f', index)
+end
+-- tiles read and changed by this script, written back once at its end
+local cache, order = {}, {}
+local function get_tile(tiles, f)
+  local id = tiles .. '\0' .. f
+  local found = cache[id]
+  if found == nil then
+    found = {tiles, f, parse_tile(redis.call('HGET', tiles, f))}
+    cache[id] = found
+    order[#order + 1] = id
+  end
+  return found[3]
+end
+local function min_max_of_children(tiles, level, index, raw, second)
+  local lo, hi = nil, nil
+  if level == 0 then
+    local members = redis.call('ZRANGEBYSCORE', raw, string.format('%.0f', second * 1000000),
+                               string.format('%.0f', second * 1000000 + 999999))
+    for _, m in ipairs(members) do
+      local v = value_of(member_value(m))
+      if v ~= nil then
+        if lo == nil or v < lo then lo = v end
+        if hi == nil or v > hi then hi = v end
+      end
+    end
+    return lo, hi
+  end
+  for j = 0, 7 do
+    local s = get_tile(tiles, field(level - 1, index * 8 + j))
+    if s[2] > 0 then
+      if lo == nil or s[6] < lo then lo = s[6] end
+      if hi == nil or s[7] > hi then hi = s[7] end
+    end
+  end
+  return lo, hi
+end
+local function store_tile(tiles, f, s)
+  if s[1] <= 0 then
+    redis.call('HDEL', tiles, f)
+    return
+  end
+  redis.call('HSET', tiles, f, struct.pack('<ddddddd', s[1], s[2], s[3], s[4], s[5],
+                                           s[6] or 0, s[7] or 0))
+end
+local function apply(prefix, id, contribution, top, sign)
+  local micros, second, entity, text = parse_contribution(contribution)
+  local raw, tiles = prefix .. ':r:' .. entity, prefix .. ':t:' .. entity
+  local member = id .. '\\n' .. text
+  if sign > 0 then
+    redis.call('ZADD', raw, micros, member)
+  else
+    redis.call('ZREM', raw, member)
+  end
+  if top < 0 then return end
+  local v, isf = value_of(text)
+  local size = 1
+  for level = 0, top do
+    local index = math.floor(second / size)
+    local f = field(level, index)
+    local s = get_tile(tiles, f)
+    if sign > 0 then
+      add_value(s, v, isf)
+    else
+      s[1] = s[1] - 1
+      if v ~= nil then
+        s[2] = s[2] - 1
+        s[3] = s[3] - v
+        s[4] = s[4] - v * v
+        s[5] = s[5] - isf
+        if s[2] <= 0 then
+          s[3], s[4], s[5], s[6], s[7] = 0, 0, 0, nil, nil
+        elseif not (v > s[6]) or not (v < s[7]) then
+          s[6], s[7] = min_max_of_children(tiles, level, index, raw, second)
+        end
+      end
+    end
+    size = size * 8
+  end
+end
+
+local changed = 0
+for i = 1, #ARGV, 7 do
+  local kind = ARGV[i]
+  if kind == 'R' then
+    local hash, id, stored = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+    local old = redis.call('HGET', hash, id)
+    if old ~= stored then
+      if old then
+        local _, keys, payload = parse_row(old)
+        for _, key in ipairs(keys) do redis.call('ZREM', key, payload) end
+      end
+      local micros, keys, payload = parse_row(stored)
+      for _, key in ipairs(keys) do redis.call('ZADD', key, micros, payload) end
+      redis.call('HSET', hash, id, stored)
+      changed = changed + 1
+    end
+  else
+    local prefix, id, contribution, top = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
+                                          tonumber(ARGV[i + 4])
+    local check, expected = ARGV[i + 5], ARGV[i + 6]
+    if check == '' or redis.call('HGET', check, id) == expected then
+      local ids = prefix .. ':ids'
+      local old = redis.call('HGET', ids, id)
+      if (old or '') ~= contribution then
+        if old then apply(prefix, id, old, top, -1) end
+        if contribution ~= '' then
+          apply(prefix, id, contribution, top, 1)
+          redis.call('HSET', ids, id, contribution)
+        else
+          redis.call('HDEL', ids, id)
+        end
+      end
+    end
+  end
+end
+for _, id in ipairs(order) do
+  local found = cache[id]
+  store_tile(found[1], found[2], found[3])
+end
+return changed
+"""
+)
+
+# ARGV: aggregate prefix, entity, first micros, last micros, exact limit, the two edge ranges
+# (4 values, '' when none), the whole seconds [first, end) the tiles cover, the top level.
+# Returns {0, members} (the window's rows) or {1, rows, values, sum, squares, floats, min,
+# max} as text.
+_READ = (
+    _LUA_COMMON
+    + """
+-- the tiles covering whole seconds [lo, hi): at most 7 per level on each side
+local function tile_fields(lo, hi, top)
+  local left, right = {}, {}
+  local size, level = 1, 0
+  while lo < hi and level < top do
+    local parent = size * 8
+    local up, down = math.ceil(lo / parent) * parent, math.floor(hi / parent) * parent
+    if up >= down then break end
+    while lo < up do
+      left[#left + 1] = level .. ':' .. string.format('%.0f', lo / size)
+      lo = lo + size
+    end
+    while hi > down do
+      hi = hi - size
+      right[#right + 1] = level .. ':' .. string.format('%.0f', hi / size)
+    end
+    size, level = parent, level + 1
+  end
+  while lo < hi do
+    left[#left + 1] = level .. ':' .. string.format('%.0f', lo / size)
+    lo = lo + size
+  end
+  for i = #right, 1, -1 do left[#left + 1] = right[i] end
+  return left
+end
+
+local raw, tiles = ARGV[1] .. ':r:' .. ARGV[2], ARGV[1] .. ':t:' .. ARGV[2]
+local count = redis.call('ZCOUNT', raw, ARGV[3], ARGV[4])
+if count <= tonumber(ARGV[5]) then
+  return {0, redis.call('ZRANGEBYSCORE', raw, ARGV[3], ARGV[4])}
+end
+local s = {0, 0, 0, 0, 0, nil, nil}
+for e = 6, 8, 2 do
+  if ARGV[e] ~= '' then
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', raw, ARGV[e], ARGV[e + 1])) do
+      local v, isf = value_of(member_value(m))
+      add_value(s, v, isf)
+    end
+  end
+end
+local fields = tile_fields(tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]))
+if #fields > 0 then
+  for _, t in ipairs(redis.call('HMGET', tiles, unpack(fields))) do
+    if t then merge(s, parse_tile(t)) end
+  end
+end
+return {1, fmt(s[1]), fmt(s[2]), fmt(s[3]), fmt(s[4]), fmt(s[5]), fmt(s[6]), fmt(s[7])}
+"""
+)
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One event as stored: its id and time, the sorted sets it is in, its encoded row."""
+
+    child: str
+    event_id: str  # codec.encode_key of the id
+    micros: int
+    keys: Sequence[str]  # its `P:ev:{child}:{fk}:{entity}` sorted sets
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """What one event adds to one aggregate; `value` None: the event is not kept."""
+
+    aggregate: str
+    event_id: str
+    micros: int
+    entity: str  # codec.encode_key of the entity
+    value: str | None  # tiled: '' (null), 'i<int>', 'f<float>'; raw: the encoded value
+    top: int  # the highest tile level, -1 for an aggregate kept as rows only
+    expect: EventRow | None = None  # a rebuild: apply only if the event is still this row
+
+
+@dataclass(frozen=True)
+class TileRead:
+    """One window of one entity: its exact rows, or the merged partial aggregate."""
+
+    rows: list[str] | None  # values of the window's rows ('' for null), when it is small
+    count: int = 0
+    present: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+    floats: int = 0
+    low: float | None = None
+    high: float | None = None
+
+
+def _float(text: bytes) -> float | None:
+    return None if not text else float(text)
+
+
+class RedisWindowStore:
+    """Events and tiles under one Redis online store's prefix (its connections too)."""
+
+    def __init__(self, store: RedisOnlineStore) -> None:
+        import redis as redis_sync  # redis-py is imported by the first store
+
+        self.store = store
+        self.prefix = store.prefix
+        self._blocking: redis.Redis = redis_sync.Redis.from_url(store.url)
+        self._write = self._blocking.register_script(_WRITE)
+        self._read_sha = hashlib.sha1(_READ.encode()).hexdigest()
+        # reads waiting for the next pipeline, per event loop: (requests, their replies)
+        self._waiting: dict[asyncio.AbstractEventLoop, tuple[list[Any], asyncio.Future[Any]]] = {}
+
+    def __repr__(self) -> str:
+        return f"RedisWindowStore({self.store!r})"
+
+    # --- names ----------------------------------------------------------------------------
+
+    def row_hash(self, child: str) -> str:
+        return f"{self.prefix}:ev:{child}"
+
+    def rows_key(self, child: str, fk: str, entity: str) -> str:
+        return f"{self.prefix}:ev:{child}:{fk}:{entity}"
+
+    def aggregate_prefix(self, name: str) -> str:
+        return f"{self.prefix}:w:{name}"
+
+    # --- writes (blocking: called where the events were accepted) ---------------------------
+
+    def write(self, rows: Sequence[EventRow], contributions: Sequence[Contribution]) -> int:
+        """Store events and their contributions; returns how many events changed."""
+        items: list[Any] = []
+        for row in rows:
+            stored = f"{row.micros}\n{chr(9).join(row.keys)}\n".encode() + row.payload
+            items.append(("R", self.row_hash(row.child), row.event_id, stored, "", "", ""))
+        for c in contributions:
+            check, expected = "", b""
+            if c.expect is not None:
+                check = self.row_hash(c.expect.child)
+                expected = f"{c.expect.micros}\n{chr(9).join(c.expect.keys)}\n".encode()
+                expected += c.expect.payload
+            text = "" if c.value is None else f"{c.micros}|{c.micros // _MICROS}|"
+            if c.value is not None:
+                text += f"{len(c.entity.encode())}|{c.entity}{c.value}"
+            prefix = self.aggregate_prefix(c.aggregate)
+            items.append(("A", prefix, c.event_id, text, c.top, check, expected))
+        changed = 0
+        with self._failures():
+            for start in range(0, len(items), _CHUNK):
+                flat = [part for item in items[start : start + _CHUNK] for part in item]
+                changed += int(self._write(args=flat))
+        return changed
+
+    def marker(self, name: str) -> bool:
+        with self._failures():
+            return bool(self._blocking.exists(f"{self.prefix}:w:{name}"))
+
+    def set_marker(self, name: str) -> None:
+        with self._failures():
+            self._blocking.set(f"{self.prefix}:w:{name}", b"1")
+
+    def stored_rows(self, child: str) -> Iterator[EventRow]:
+        """Every event Redis holds for `child` (for a new aggregate's first build)."""
+        with self._failures():
+            for event_id, stored in self._blocking.hscan_iter(self.row_hash(child), count=1000):
+                head, keys, payload = stored.split(b"\n", 2)
+                yield EventRow(
+                    child,
+                    event_id.decode(),
+                    int(head),
+                    keys.decode().split("\t") if keys else [],
+                    payload,
+                )
+
+    # --- reads ----------------------------------------------------------------------------
+
+    async def read(self, requests: Sequence[_Request]) -> list[TileRead]:
+        """Windows (aggregate, entity, first micros, last micros, exact limit, top level).
+        The reads of one turn of the event loop (a query's window nodes run at once) share
+        one pipeline."""
+        if not requests:
+            return []
+        loop = asyncio.get_running_loop()
+        batch = self._waiting.get(loop)
+        if batch is None:
+            batch = self._waiting[loop] = ([], loop.create_future())
+            loop.call_soon(self._send, loop)
+        start = len(batch[0])
+        batch[0].extend(requests)
+        found: list[TileRead] = await asyncio.shield(batch[1])
+        return found[start : start + len(requests)]
+
+    def _send(self, loop: asyncio.AbstractEventLoop) -> None:
+        requests, future = self._waiting.pop(loop)
+        task = loop.create_task(self._read(requests))
+
+        def done(task: asyncio.Task[list[TileRead]]) -> None:
+            if future.done():
+                return
+            if task.cancelled():
+                future.cancel()
+            elif (error := task.exception()) is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(task.result())
+
+        task.add_done_callback(done)
+
+    async def _read(
+        self, requests: Sequence[tuple[str, str, int, int, int, int]]
+    ) -> list[TileRead]:
+        client = self.store.client()
+        args = [self._read_args(*request) for request in requests]
+        try:
+            replies = await self._pipeline(client, args)
+            if any(isinstance(r, self.store.no_script) for r in replies):
+                await client.script_load(_READ)
+                replies = await self._pipeline(client, args)
+        except self.store.unreachable as error:
+            raise self.store.unavailable(error) from None
+        reads: list[TileRead] = []
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise KairosError(f"{self!r}: reading a window failed: {reply}") from reply
+            if int(reply[0]) == 0:
+                reads.append(TileRead([m.partition(b"\n")[2].decode() for m in reply[1]]))
+                continue
+            count, present, total, squares, floats, low, high = reply[1:]
+            reads.append(
+                TileRead(
+                    None,
+                    int(count),
+                    int(present),
+                    float(total),
+                    float(squares),
+                    int(floats),
+                    _float(low),
+                    _float(high),
+                )
+            )
+        return reads
+
+    async def rows(self, requests: Sequence[tuple[str, str, str, int]]) -> list[list[Any]]:
+        """Events (child, fk, entity, last micros), oldest first, decoded; one pipeline."""
+        if not requests:
+            return []
+        client = self.store.client()
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                for child, fk, entity, last in requests:
+                    pipe.zrangebyscore(self.rows_key(child, fk, entity), "-inf", last)
+                replies = await pipe.execute()
+        except self.store.unreachable as error:
+            raise self.store.unavailable(error) from None
+        return [[decode(payload) for payload in reply] for reply in replies]
+
+    def close(self) -> None:
+        self._blocking.close()
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _read_args(
+        self, aggregate: str, entity: str, first: int, last: int, exact: int, top: int
+    ) -> list[Any]:
+        args: list[Any] = [self.aggregate_prefix(aggregate), entity, first, last, exact]
+        start_second = -(-first // _MICROS)  # the first whole second in the window
+        end_second = (last + 1) // _MICROS  # whole seconds end before this one
+        if top < 0 or start_second >= end_second:
+            return [*args, first, last, "", "", 0, 0, 0]
+        left, right = (first, start_second * _MICROS - 1), (end_second * _MICROS, last)
+        edges = [x if low <= high else "" for low, high in (left, right) for x in (low, high)]
+        return [*args, *edges, start_second, end_second, top]
+
+    async def _pipeline(self, client: Any, args: list[list[Any]]) -> list[Any]:
+        async with client.pipeline(transaction=False) as pipe:
+            for arguments in args:
+                pipe.evalsha(self._read_sha, 0, *arguments)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            return replies
+
+    def _failures(self) -> AbstractContextManager[None]:
+        return failures_as(self.store.unavailable)

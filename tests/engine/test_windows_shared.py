@@ -1,0 +1,171 @@
+"""Windows in Redis: two clients on one Redis (two servers, in effect) agree at once with a
+brute-force oracle, through ties, late events, retried and replaced events; a new windowed
+feature is built from the events Redis holds; a Redis that lost its data is reloaded from the
+offline store."""
+
+import random
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+
+import kairos as kr
+from kairos import DataFrame, Windowed, _, features, windowed
+from kairos.engine import windows_shared
+from tests.engine.test_windows import T0, WINDOWED, Account, Payment, brute, events, same
+from tests.stores.conftest import REDIS_URL, delete_prefix, redis_available
+
+pytestmark = pytest.mark.skipif(not redis_available(), reason="Redis is not running")
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    prefix = f"kw{uuid.uuid4().hex[:12]}"
+    yield f"{REDIS_URL}?prefix={prefix}"
+    delete_prefix(prefix)
+
+
+def server(url: str, *definitions: object, offline: str = "none://") -> kr.Client:
+    return kr.Client(
+        definitions=list(definitions or (Payment, Account)),
+        query_log="none://",
+        online_store=url,
+        offline_store=offline,
+    )
+
+
+def check(client: kr.Client, rows: list[dict[str, object]], seed: int, rounds: int = 25) -> None:
+    rng = random.Random(seed)
+    for _round in range(rounds):
+        now = T0 + timedelta(seconds=rng.randint(-3600, 42 * 86400))
+        if rng.random() < 0.3:
+            now = rng.choice(rows)["at"]  # type: ignore[assignment]  # on an event's time
+        account = rng.choice(["a1", "a2", "a3", "nobody"])
+        result = client.query({"account.id": account}, WINDOWED, now=now)
+        assert result.errors == []
+        for name, value in brute(rows, account, now).items():
+            assert same(result.get_value(name), value), (name, now, account)
+
+
+def test_two_servers_on_one_redis_agree_with_the_oracle_at_once(url: str) -> None:
+    rows = events(11, 2400)  # ~800 per account: 30-day windows are merged from tiles
+    shuffled = rows[:]
+    random.Random(5).shuffle(shuffled)  # late events
+    with server(url) as writer, server(url) as reader:
+        for start in range(0, 1200, 300):
+            writer.write_events(Payment, shuffled[start : start + 300])
+        check(reader, shuffled[:1200], seed=1)  # seen by the other server at once
+        writer.write_events(Payment, shuffled[1200:])
+        writer.write_events(Payment, shuffled[:500])  # retried deliveries change nothing
+        check(reader, rows, seed=2)
+        check(writer, rows, seed=3, rounds=5)
+        # the same id with a new row replaces the event, min and max included
+        changed = [dict(r, amount=(r["amount"] or 0) * -3 + 1) for r in rows[:400]]
+        assert reader.write_events(Payment, changed) == 400
+        now_rows = changed + rows[400:]
+        check(writer, now_rows, seed=4)
+        offline = writer.offline_query(
+            {"account.id": ["a1", "a2"], "ts": [T0 + timedelta(days=20)] * 2}, WINDOWED
+        ).to_pylist()
+        for row, account in zip(offline, ["a1", "a2"], strict=True):
+            for name, value in brute(now_rows, account, T0 + timedelta(days=20)).items():
+                assert same(row[name], value), name
+
+
+def test_an_event_moved_to_another_entity_or_time_leaves_its_old_window(url: str) -> None:
+    with server(url) as one, server(url) as two:
+        one.write_events(Payment, [{"id": "m", "account_id": "a1", "amount": 9.0, "kind": "card",
+                                    "at": T0}])  # fmt: skip
+        two.write_events(Payment, [{"id": "m", "account_id": "a2", "amount": 4.0, "kind": "card",
+                                    "at": T0 + timedelta(hours=3)}])  # fmt: skip
+        wanted = ["account.count[1d]", "account.high[7d]", "account.payments"]
+        first = one.query({"account.id": "a1"}, wanted, now=T0 + timedelta(hours=4))
+        second = one.query({"account.id": "a2"}, wanted, now=T0 + timedelta(hours=4))
+    assert first.get_value("account.count[1d]") == 0
+    assert first.get_value("account.high[7d]") is None
+    assert first.get_value("account.payments") == []
+    assert second.get_value("account.count[1d]") == 1
+    assert second.get_value("account.high[7d]") == 4.0
+    assert [r["id"] for r in second.get_value("account.payments")] == ["m"]
+
+
+def test_a_new_windowed_feature_is_built_from_the_events_redis_holds(url: str) -> None:
+    @features(namespace="account")
+    class Account:  # the same class, with one more windowed feature
+        id: str
+        payments: DataFrame[Payment]
+        count: Windowed[int] = windowed(
+            "1h", "1d", "30d", expression=_.payments[_.at > _.window_start].count()
+        )
+        cards: Windowed[float] = windowed(
+            "40d", expression=_.payments[_.kind == "card", _.amount, _.at > _.window_start].sum()
+        )
+
+    rows = events(21, 900)
+    with server(url) as old:
+        old.write_events(Payment, rows)
+    now = T0 + timedelta(days=41)
+    with server(url, Payment, Account) as new:
+        got = new.query({"account.id": "a1"}, ["account.cards[40d]"], now=now)
+    expected = sum(
+        r["amount"]
+        for r in rows
+        if r["account_id"] == "a1"
+        and r["kind"] == "card"
+        and r["amount"] is not None
+        and now - timedelta(days=40) < r["at"] <= now
+    )
+    assert same(got.get_value("account.cards[40d]"), expected)
+
+
+def test_a_redis_that_lost_its_data_is_reloaded_from_the_offline_store(
+    url: str, tmp_path: Path
+) -> None:
+    offline = f"duckdb:///{tmp_path}/offline.duckdb"
+    rows = events(31, 600)
+    with server(url, offline=offline) as first:
+        first.write_events(Payment, rows)
+    delete_prefix(url.rpartition("prefix=")[2])  # Redis restarted empty
+    with server(url, offline=offline) as second:
+        check(second, rows, seed=6, rounds=10)
+
+
+def test_redis_down_is_a_clear_error(tmp_path: Path) -> None:
+    with (
+        server("redis://127.0.0.1:1/0") as client,
+        pytest.raises(kr.KairosError, match="unreachable"),
+    ):
+        client.write_events(Payment, events(1, 3))
+
+
+def test_window_keys_live_under_the_store_prefix(url: str) -> None:
+    with server(url) as client:
+        client.write_events(Payment, events(41, 20))
+    prefix = url.rpartition("prefix=")[2]
+    r = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = {k.decode() for k in r.scan_iter(match=f"{prefix}:*", count=1000)}
+    finally:
+        r.close()
+    assert any(k.startswith(f"{prefix}:ev:payment") for k in keys)
+    assert any(k.startswith(f"{prefix}:w:") for k in keys)
+    assert all(k.startswith(f"{prefix}:") for k in keys)
+
+
+def test_every_window_from_tiles_still_matches_the_oracle(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(windows_shared, "EXACT", 0)  # no window is answered from its rows
+    rows = events(51, 900)
+    with server(url) as writer, server(url) as reader:
+        writer.write_events(Payment, rows)
+        check(reader, rows, seed=7)
+        # replacing the largest and smallest amounts recomputes the tiles' min and max
+        amounts = sorted((r for r in rows if r["amount"] is not None), key=lambda r: r["amount"])
+        moved = [dict(r, amount=100.0) for r in amounts[:20] + amounts[-20:]]
+        writer.write_events(Payment, moved)
+        by_id = {r["id"]: r for r in moved}
+        check(reader, [by_id.get(r["id"], r) for r in rows], seed=8)
