@@ -43,7 +43,7 @@ from kairos.engine.result import (
     QueryResult,
 )
 from kairos.engine.values import to_utc
-from kairos.engine.windows import WindowIndex
+from kairos.engine.windows_shared import windows_for
 from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError
 from kairos.gateway import Gateway
 from kairos.planner.plan import Plan
@@ -154,15 +154,20 @@ class Client:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="kairos-resolver"
         )
-        self.windows = WindowIndex(
-            (lambda: stored_events(self.graph, history.store)) if history.kept else None
+        self.windows = windows_for(
+            online, (lambda: stored_events(self.graph, history.store)) if history.kept else None
         )
         for namespace, info in self.graph.classes.items():
             for name in info.features:
                 indexed = indexed_window(self.graph, namespace, name)
                 if indexed is not None:
+                    kind = info.features[name].type
                     self.windows.register(
-                        (namespace, name), indexed.child, indexed.fk, indexed.spec
+                        (namespace, name),
+                        indexed.child,
+                        indexed.fk,
+                        indexed.spec,
+                        None if kind is None else kind.kind,
                     )
         engine = Engine(
             self.graph,
@@ -789,6 +794,7 @@ class Client:
         for source in self.sources.values():
             await source.close()
         await self.store.close()
+        self.windows.close()
         await asyncio.to_thread(self.models.close)
         await self.llm.aclose()
 
