@@ -176,13 +176,19 @@ class Config:
 
 
 def _streams(raw: Any, path: Path) -> dict[str, Any]:
-    """`streams:` entries, checked now so a typo fails at load, with `${VAR}` in URLs read."""
+    """`streams:` entries, checked now so a typo fails at load, with `${VAR}` read in every
+    text setting (a URL's password, a consumer name that differs per process)."""
     if not isinstance(raw, dict):
         raise ProjectError(f"{path}: `streams` maps names to stream settings (kind, url, ...)")
     streams = {}
     for name, entry in raw.items():
-        if isinstance(entry, dict) and isinstance(entry.get("url"), str):
-            entry = {**entry, "url": interpolate(entry["url"], f"{path} streams.{name}.url")}
+        if isinstance(entry, dict):
+            entry = {
+                key: interpolate(value, f"{path} streams.{name}.{key}")
+                if isinstance(value, str)
+                else value
+                for key, value in entry.items()
+            }
         StreamSpec.parse(str(name), entry, str(path))
         streams[str(name)] = entry
     return streams
