@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -29,6 +28,8 @@ from kairos.client.config import Config
 from kairos.client.consume import consumers_for
 from kairos.errors import ProjectError
 from kairos.server import create_app
+from kairos.sources.streams import stream_from_config
+from tests.sources.kafka_broker import kafka_broker
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 NATS_URL = "nats://127.0.0.1:4222"
@@ -255,6 +256,31 @@ def test_nats_jetstream_events_reach_the_windows_and_poison_is_terminated(
     assert "not an object" in dead[0].headers["Kairos-Reason"]
 
 
+def test_a_nats_read_of_an_empty_stream_is_empty_every_time() -> None:
+    """nats-py's fetch times out with its own TimeoutError or, now and then (its deadline
+    passed after the server's "no messages"), the builtin one: both are an empty read, never
+    a broker error, which would stop a drain and back a running consumer off."""
+    nats = pytest.importorskip("nats")
+    subject = f"kairos.test.{uuid.uuid4().hex[:10]}"
+    name = subject.replace(".", "_")
+    spec = {"kind": "nats", "url": NATS_URL, "stream": subject, "events": "payment",
+            "group": "kairos-test"}  # fmt: skip
+
+    async def reads() -> list[int]:
+        connection = await nats.connect(NATS_URL)
+        js = connection.jetstream()
+        await js.add_stream(name=name, subjects=[subject])
+        stream = stream_from_config("payments", spec)
+        try:
+            return [len(await stream.read(500, timeout=0.005)) for _ in range(300)]
+        finally:
+            await stream.close()
+            await js.delete_stream(name)
+            await connection.close()
+
+    assert asyncio.run(reads()) == [0] * 300
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
@@ -310,35 +336,8 @@ def test_kairos_serve_consumes_its_streams_and_reports_them_on_metrics(
 
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Kafka-protocol broker on this machine (the PyPI package noida-db), for the tests:
-    the consumer code knows nothing of it."""
-    binary = Path(sys.executable).parent / "noida-db"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    folder = tmp_path_factory.mktemp("kafka")
-    log = (folder / "broker.log").open("wb")
-    broker = subprocess.Popen(
-        [str(binary), "start", "--only", "kafka", "--kafka-port", str(port),
-         "--data-dir", str(folder / "data")],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if broker.poll() is not None or time.monotonic() > deadline:
-                log.close()
-                raise RuntimeError((folder / "broker.log").read_text()) from None
-            time.sleep(0.1)
-    try:
-        yield f"kafka://127.0.0.1:{port}"
-    finally:
-        os.killpg(broker.pid, signal.SIGTERM)
-        broker.wait(30)
-        log.close()
+    with kafka_broker(tmp_path_factory.mktemp("kafka")) as url:
+        yield url
 
 
 def test_kafka_events_reach_the_windows_once_and_offsets_follow_the_writes(

@@ -49,12 +49,10 @@ class NatsStream:
         return self._subscription
 
     async def read(self, count: int, timeout: float) -> list[Message]:
-        import nats.errors
-
         subscription = await self._subscribed()
         try:
             got = await subscription.fetch(count, timeout=max(timeout, 0.001))
-        except nats.errors.TimeoutError:
+        except TimeoutError:  # nats-py's own, or at times the builtin one: nothing came
             return []
         except Exception as error:
             raise self._unavailable(error) from None
