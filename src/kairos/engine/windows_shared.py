@@ -24,7 +24,6 @@ import hashlib
 import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -244,15 +243,14 @@ class SharedWindows:
     def _build(self, series: _Series) -> None:
         """A new series' tiles, from the events Redis holds (skipping any event that another
         server replaces meanwhile)."""
-        batch: list[Contribution] = []
+        batch: list[tuple[EventRow, Contribution]] = []
         for stored in self.store.stored_rows(series.child):
             row = decode_text(stored.payload.decode())
-            found = series.contribution(row, stored.event_id, stored.micros)
-            batch.append(replace(found, expect=stored))
+            batch.append((stored, series.contribution(row, stored.event_id, stored.micros)))
             if len(batch) >= 1000:
-                self.store.write([], batch)
+                self.store.build(batch)
                 batch = []
-        self.store.write([], batch)
+        self.store.build(batch)
         self.store.set_marker("built:" + series.name)
 
     def _write(
@@ -265,9 +263,8 @@ class SharedWindows:
     ) -> int:
         if primary is None:
             raise KairosError(f"events of {child} need an id to be shared between servers")
-        aggregates = self._by_child.get(child, ())
-        stored: list[EventRow] = []
-        contributions: list[Contribution] = []
+        every = self._by_child.get(child, ())
+        events: list[tuple[EventRow, list[Contribution]]] = []
         for row in rows:
             when = row[time_field]
             micros = to_micros(when)
@@ -279,9 +276,13 @@ class SharedWindows:
                 )
             event_id = encode_key(row.get(primary))
             keys = [self.store.rows_key(child, fk, encode_key(row.get(fk))) for fk in fks]
-            stored.append(EventRow(child, event_id, micros, keys, encode(row)))
-            contributions += [a.contribution(row, event_id, micros) for a in aggregates]
-        return self.store.write(stored, contributions)
+            events.append(
+                (
+                    EventRow(child, event_id, micros, keys, encode(row)),
+                    [series.contribution(row, event_id, micros) for series in every],
+                )
+            )
+        return self.store.write(events)
 
     def close(self) -> None:
         self.store.close()

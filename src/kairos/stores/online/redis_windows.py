@@ -50,7 +50,7 @@ FANOUT = 8  # a level-l tile covers FANOUT**l seconds
 _MICROS = 1_000_000
 # a window read: aggregate, entity, first and last micros, exact limit, top level
 _Request = tuple[str, str, int, int, int, int]
-_CHUNK = 200  # events per write script: a script blocks Redis while it runs
+_CHUNK = 100  # events per write script: a script blocks Redis while it runs
 
 _LUA_COMMON = """
 local function num(s)
@@ -107,11 +107,14 @@ local function member_value(m)
 end
 """
 
-# ARGV: items of 7: kind, a, b, c, d, e, f.
-#   'R', row hash, event id, stored row ('<micros>\n<key>\t<key>...\n<payload>'), -, -, -
-#   'A', aggregate prefix, event id, contribution ('' = none), top level (-1: no tiles),
-#        row hash or '' (a rebuild: skip unless the row is still), expected stored row
-# contribution: '<micros>|<second>|<len>|<entity><value>'
+# ARGV: items, each
+#   'E', row hash, event id, stored row, n, then n times (series prefix, contribution, top):
+#        an event and what it adds to each series (contribution '' = nothing);
+#   'B', row hash, event id, expected stored row, series prefix, contribution, top: one
+#        series' contribution of a stored event (a build), skipped unless the row is still.
+# stored row: '<micros>\n<key>\t<key>...\n<payload>'; contribution:
+# '<micros>|<second>|<len>|<entity><value>', kept in the row hash under '<id>\t<prefix>'.
+# top: the series' highest tile level, -1 for a series kept as rows only.
 _WRITE = (
     _LUA_COMMON
     + """
@@ -138,17 +141,25 @@ end
 local function field(level, index)
   return level .. ':' .. string.format('%.0f', index)
 end
--- tiles read and changed by this script, written back once at its end
-local cache, order = {}, {}
-local function get_tile(tiles, f)
-  local id = tiles .. '\0' .. f
-  local found = cache[id]
+-- tiles read and changed by this script (by tiles key, then field), written back at its end
+local cache, keys_in_order = {}, {}
+local function tiles_of(tiles)
+  local found = cache[tiles]
   if found == nil then
-    found = {tiles, f, parse_tile(redis.call('HGET', tiles, f))}
-    cache[id] = found
-    order[#order + 1] = id
+    found = {}
+    cache[tiles] = found
+    keys_in_order[#keys_in_order + 1] = tiles
   end
-  return found[3]
+  return found
+end
+local function get_tile(tiles, f)
+  local held = tiles_of(tiles)
+  local s = held[f]
+  if s == nil then
+    s = parse_tile(redis.call('HGET', tiles, f))
+    held[f] = s
+  end
+  return s
 end
 local function min_max_of_children(tiles, level, index, raw, second)
   local lo, hi = nil, nil
@@ -173,14 +184,6 @@ local function min_max_of_children(tiles, level, index, raw, second)
   end
   return lo, hi
 end
-local function store_tile(tiles, f, s)
-  if s[1] <= 0 then
-    redis.call('HDEL', tiles, f)
-    return
-  end
-  redis.call('HSET', tiles, f, struct.pack('<ddddddd', s[1], s[2], s[3], s[4], s[5],
-                                           s[6] or 0, s[7] or 0))
-end
 local function apply(prefix, id, contribution, top, sign)
   local micros, second, entity, text = parse_contribution(contribution)
   local raw, tiles = prefix .. ':r:' .. entity, prefix .. ':t:' .. entity
@@ -192,11 +195,21 @@ local function apply(prefix, id, contribution, top, sign)
   end
   if top < 0 then return end
   local v, isf = value_of(text)
+  -- every level's tile of this second, the ones not yet held read in one HMGET
+  local held, fields, indexes, missing = tiles_of(tiles), {}, {}, {}
   local size = 1
   for level = 0, top do
-    local index = math.floor(second / size)
-    local f = field(level, index)
-    local s = get_tile(tiles, f)
+    indexes[level] = math.floor(second / size)
+    fields[level] = field(level, indexes[level])
+    if held[fields[level]] == nil then missing[#missing + 1] = fields[level] end
+    size = size * 8
+  end
+  if #missing > 0 then
+    local found = redis.call('HMGET', tiles, unpack(missing))
+    for j, f in ipairs(missing) do held[f] = parse_tile(found[j]) end
+  end
+  for level = 0, top do
+    local s = held[fields[level]]
     if sign > 0 then
       add_value(s, v, isf)
     else
@@ -209,52 +222,83 @@ local function apply(prefix, id, contribution, top, sign)
         if s[2] <= 0 then
           s[3], s[4], s[5], s[6], s[7] = 0, 0, 0, nil, nil
         elseif not (v > s[6]) or not (v < s[7]) then
-          s[6], s[7] = min_max_of_children(tiles, level, index, raw, second)
+          s[6], s[7] = min_max_of_children(tiles, level, indexes[level], raw, second)
         end
       end
     end
-    size = size * 8
   end
 end
+-- one series' new contribution against its old one; returns the field's new value, false
+-- to delete it, nil if nothing changed
+local function contribute(id, prefix, contribution, top, old)
+  if (old or '') == contribution then return nil end
+  if old then apply(prefix, id, old, top, -1) end
+  if contribution == '' then return false end
+  apply(prefix, id, contribution, top, 1)
+  return contribution
+end
+local function save(hash, sets, deletes)
+  if #sets > 0 then redis.call('HSET', hash, unpack(sets)) end
+  if #deletes > 0 then redis.call('HDEL', hash, unpack(deletes)) end
+end
 
-local changed = 0
-for i = 1, #ARGV, 7 do
-  local kind = ARGV[i]
-  if kind == 'R' then
-    local hash, id, stored = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-    local old = redis.call('HGET', hash, id)
-    if old ~= stored then
-      if old then
-        local _, keys, payload = parse_row(old)
+local changed, i = 0, 1
+while i <= #ARGV do
+  local kind, hash, id, stored = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  if kind == 'E' then
+    local n = tonumber(ARGV[i + 4])
+    local fields = {id}
+    for j = 1, n do fields[j + 1] = id .. '\\t' .. ARGV[i + 2 + 3 * j] end
+    local old = redis.call('HMGET', hash, unpack(fields))
+    local sets, deletes = {}, {}
+    if old[1] ~= stored then
+      if old[1] then
+        local _, keys, payload = parse_row(old[1])
         for _, key in ipairs(keys) do redis.call('ZREM', key, payload) end
       end
       local micros, keys, payload = parse_row(stored)
       for _, key in ipairs(keys) do redis.call('ZADD', key, micros, payload) end
-      redis.call('HSET', hash, id, stored)
+      sets[1], sets[2] = id, stored
       changed = changed + 1
     end
-  else
-    local prefix, id, contribution, top = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
-                                          tonumber(ARGV[i + 4])
-    local check, expected = ARGV[i + 5], ARGV[i + 6]
-    if check == '' or redis.call('HGET', check, id) == expected then
-      local ids = prefix .. ':ids'
-      local old = redis.call('HGET', ids, id)
-      if (old or '') ~= contribution then
-        if old then apply(prefix, id, old, top, -1) end
-        if contribution ~= '' then
-          apply(prefix, id, contribution, top, 1)
-          redis.call('HSET', ids, id, contribution)
-        else
-          redis.call('HDEL', ids, id)
-        end
+    for j = 1, n do
+      local at = i + 2 + 3 * j
+      local now = contribute(id, ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2]), old[j + 1])
+      if now then
+        sets[#sets + 1], sets[#sets + 2] = fields[j + 1], now
+      elseif now == false then
+        deletes[#deletes + 1] = fields[j + 1]
       end
     end
+    save(hash, sets, deletes)
+    i = i + 5 + 3 * n
+  else
+    local prefix, contribution, top = ARGV[i + 4], ARGV[i + 5], tonumber(ARGV[i + 6])
+    local name = id .. '\\t' .. prefix
+    local old = redis.call('HMGET', hash, id, name)
+    if old[1] == stored then
+      local now = contribute(id, prefix, contribution, top, old[2])
+      if now then
+        save(hash, {name, now}, {})
+      elseif now == false then
+        save(hash, {}, {name})
+      end
+    end
+    i = i + 7
   end
 end
-for _, id in ipairs(order) do
-  local found = cache[id]
-  store_tile(found[1], found[2], found[3])
+for _, tiles in ipairs(keys_in_order) do
+  local sets, deletes = {}, {}
+  for f, s in pairs(cache[tiles]) do
+    if s[1] <= 0 then
+      deletes[#deletes + 1] = f
+    else
+      sets[#sets + 1] = f
+      sets[#sets + 1] = struct.pack('<ddddddd', s[1], s[2], s[3], s[4], s[5], s[6] or 0,
+                                    s[7] or 0)
+    end
+  end
+  save(tiles, sets, deletes)
 end
 return changed
 """
@@ -339,7 +383,6 @@ class Contribution:
     entity: str  # codec.encode_key of the entity
     value: str | None  # tiled: '' (null), 'i<int>', 'f<float>'; raw: the encoded value
     top: int  # the highest tile level, -1 for an aggregate kept as rows only
-    expect: EventRow | None = None  # a rebuild: apply only if the event is still this row
 
 
 @dataclass(frozen=True)
@@ -354,6 +397,16 @@ class TileRead:
     floats: int = 0
     low: float | None = None
     high: float | None = None
+
+
+def _stored(row: EventRow) -> bytes:
+    return f"{row.micros}\n{chr(9).join(row.keys)}\n".encode() + row.payload
+
+
+def _text(c: Contribution) -> str:
+    if c.value is None:
+        return ""
+    return f"{c.micros}|{c.micros // _MICROS}|{len(c.entity.encode())}|{c.entity}{c.value}"
 
 
 def _float(text: bytes) -> float | None:
@@ -390,23 +443,37 @@ class RedisWindowStore:
 
     # --- writes (blocking: called where the events were accepted) ---------------------------
 
-    def write(self, rows: Sequence[EventRow], contributions: Sequence[Contribution]) -> int:
-        """Store events and their contributions; returns how many events changed."""
-        items: list[Any] = []
-        for row in rows:
-            stored = f"{row.micros}\n{chr(9).join(row.keys)}\n".encode() + row.payload
-            items.append(("R", self.row_hash(row.child), row.event_id, stored, "", "", ""))
-        for c in contributions:
-            check, expected = "", b""
-            if c.expect is not None:
-                check = self.row_hash(c.expect.child)
-                expected = f"{c.expect.micros}\n{chr(9).join(c.expect.keys)}\n".encode()
-                expected += c.expect.payload
-            text = "" if c.value is None else f"{c.micros}|{c.micros // _MICROS}|"
-            if c.value is not None:
-                text += f"{len(c.entity.encode())}|{c.entity}{c.value}"
-            prefix = self.aggregate_prefix(c.aggregate)
-            items.append(("A", prefix, c.event_id, text, c.top, check, expected))
+    def write(self, events: Sequence[tuple[EventRow, Sequence[Contribution]]]) -> int:
+        """Store events with what each adds to its series; returns how many events changed
+        (a retried delivery changes nothing)."""
+        items: list[list[Any]] = []
+        for row, contributions in events:
+            item: list[Any] = ["E", self.row_hash(row.child), row.event_id, _stored(row)]
+            item.append(len(contributions))
+            for c in contributions:
+                item += (self.aggregate_prefix(c.aggregate), _text(c), c.top)
+            items.append(item)
+        return self._run(items)
+
+    def build(self, contributions: Sequence[tuple[EventRow, Contribution]]) -> None:
+        """A new series' contributions of stored events, each applied only if its event is
+        still that row (another server may replace it meanwhile)."""
+        self._run(
+            [
+                [
+                    "B",
+                    self.row_hash(row.child),
+                    row.event_id,
+                    _stored(row),
+                    self.aggregate_prefix(c.aggregate),
+                    _text(c),
+                    c.top,
+                ]
+                for row, c in contributions
+            ]
+        )
+
+    def _run(self, items: Sequence[list[Any]]) -> int:
         changed = 0
         with self._failures():
             for start in range(0, len(items), _CHUNK):
@@ -426,6 +493,8 @@ class RedisWindowStore:
         """Every event Redis holds for `child` (for a new aggregate's first build)."""
         with self._failures():
             for event_id, stored in self._blocking.hscan_iter(self.row_hash(child), count=1000):
+                if b"\t" in event_id:
+                    continue  # a contribution, '<id>\t<series>'
                 head, keys, payload = stored.split(b"\n", 2)
                 yield EventRow(
                     child,
@@ -469,9 +538,7 @@ class RedisWindowStore:
 
         task.add_done_callback(done)
 
-    async def _read(
-        self, requests: Sequence[tuple[str, str, int, int, int, int]]
-    ) -> list[TileRead]:
+    async def _read(self, requests: Sequence[_Request]) -> list[TileRead]:
         client = self.store.client()
         args = [self._read_args(*request) for request in requests]
         try:
@@ -535,11 +602,14 @@ class RedisWindowStore:
         return [*args, *edges, start_second, end_second, top]
 
     async def _pipeline(self, client: Any, args: list[list[Any]]) -> list[Any]:
-        async with client.pipeline(transaction=False) as pipe:
-            for arguments in args:
-                pipe.evalsha(self._read_sha, 0, *arguments)
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
-            return replies
+        """EVALSHAs in pipelines of `_CHUNK * 5` (a bulk query's windows are many)."""
+        replies: list[Any] = []
+        for start in range(0, len(args), _CHUNK * 5):
+            async with client.pipeline(transaction=False) as pipe:
+                for arguments in args[start : start + _CHUNK * 5]:
+                    pipe.evalsha(self._read_sha, 0, *arguments)
+                replies += await pipe.execute(raise_on_error=False)
+        return replies
 
     def _failures(self) -> AbstractContextManager[None]:
         return failures_as(self.store.unavailable)
