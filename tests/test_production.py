@@ -171,6 +171,8 @@ def stop(server: Server, how: int = signal.SIGTERM) -> None:
 
 def payment(i: int, rng: random.Random) -> dict[str, Any]:
     at = T0 - timedelta(seconds=rng.randint(0, 9 * 86400))
+    if i % 9 == 0:
+        at = T0 - timedelta(days=3)  # ties on time
     return {"id": f"e{i}", "payer_id": rng.choice(PAYERS), "amount": float(rng.randint(1, 99)),
             "at": at.isoformat()}  # fmt: skip
 
@@ -198,16 +200,20 @@ def ask(server: Server, payer: str, now: datetime, query_id: str) -> dict[str, A
 def settle(
     servers: list[Server], events: dict[str, dict[str, Any]], asked: list[str], timeout: float
 ) -> None:
-    """Wait until every server answers every payer as the oracle does."""
+    """Wait until every server answers every payer as the oracle does, at several `now`s:
+    the end, days back, exactly on the tied time and a second after the window edge."""
+    nows = [T0, T0 - timedelta(days=2, hours=5), T0 - timedelta(days=3),
+            T0 + timedelta(days=4, seconds=1)]  # fmt: skip
     deadline = time.monotonic() + timeout
     while True:
         wrong = []
         for server in servers:
             for payer in PAYERS:
-                query_id = f"q-{server.name}-{len(asked)}"
-                asked.append(query_id)
-                if ask(server, payer, T0, query_id) != expected(events, payer, T0):
-                    wrong.append((server.name, payer))
+                for now in nows:
+                    query_id = f"q-{server.name}-{len(asked)}"
+                    asked.append(query_id)
+                    if ask(server, payer, now, query_id) != expected(events, payer, now):
+                        wrong.append((server.name, payer, now))
         if not wrong:
             return
         if time.monotonic() > deadline:
@@ -275,5 +281,5 @@ def test_two_servers_on_redis_and_postgres_agree_log_everything_and_survive_a_ki
         assert (
             sample is not None
             and sample.outputs["payer.paid[7d]"].value
-            == expected(events, sample.inputs["payer.id"], T0)["payer.paid[7d]"]
+            == expected(events, sample.inputs["payer.id"], sample.now)["payer.paid[7d]"]
         )
