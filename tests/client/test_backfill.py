@@ -63,7 +63,7 @@ def client(store: MemoryOnlineStore) -> Iterator[kr.Client]:
         yield client
 
 
-def test_a_backfill_fills_the_offline_store_on_a_time_grid(client: kr.Client) -> None:
+def test_a_backfill_fills_the_offline_store_on_a_time_grid(client: kr.Client, engine: str) -> None:
     seen: list[tuple[int, int]] = []
     report = client.materialize(
         keys=["m1", "m2"],
@@ -72,6 +72,7 @@ def test_a_backfill_fills_the_offline_store_on_a_time_grid(client: kr.Client) ->
         every="2h",
         features=["meter.reading"],
         progress=lambda done, total: seen.append((done, total)),
+        engine=engine,
     )
     assert (report.rows, report.values, report.errors) == (8, 8, 0)
     assert seen[-1] == (8, 8)
@@ -81,7 +82,7 @@ def test_a_backfill_fills_the_offline_store_on_a_time_grid(client: kr.Client) ->
 
 
 def test_a_backfill_never_replaces_a_newer_online_value(
-    client: kr.Client, store: MemoryOnlineStore
+    client: kr.Client, store: MemoryOnlineStore, engine: str
 ) -> None:
     live = client.query({"meter.id": "m1"}, ["meter.reading"], now=T0 + timedelta(days=2))
     client.materialize(
@@ -91,6 +92,7 @@ def test_a_backfill_never_replaces_a_newer_online_value(
         every="1d",
         features=["meter.reading"],
         online=True,
+        engine=engine,
     )
     later = T0 + timedelta(days=2, hours=1)
     m1 = client.query({"meter.id": "m1"}, ["meter.reading"], now=later)
@@ -117,13 +119,13 @@ def write_project(folder: Path) -> Path:
 
 
 def test_offline_and_materialize_commands(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], engine: str
 ) -> None:
     project = write_project(tmp_path / "meters")
     spine = tmp_path / "spine.parquet"
     pq.write_table(pa.table({"meter.id": ["m1", "m2"], "ts": [T0 + timedelta(hours=1)] * 2}), spine)
     out = tmp_path / "out.parquet"
-    assert main(["offline", "--project", str(project), "--spine", str(spine),
+    assert main(["offline", "--project", str(project), "--spine", str(spine), "--engine", engine,
                  "--out", "meter.reading", "--output", str(out)]) == 0  # fmt: skip
     assert pq.read_table(out).column("meter.reading").to_pylist() == [2.0, 3.0]
     captured = capsys.readouterr()
@@ -131,7 +133,7 @@ def test_offline_and_materialize_commands(
 
     assert main(["materialize", "meter.reading", "--project", str(project), "--keys", "m1",
                  "--start", T0.isoformat(), "--end", (T0 + timedelta(hours=2)).isoformat(),
-                 "--every", "1h"]) == 0  # fmt: skip
+                 "--every", "1h", "--engine", engine]) == 0  # fmt: skip
     assert "backfilled 3 rows: 3 values" in capsys.readouterr().out
     assert main(["offline", "--project", str(project), "--spine", str(spine), "--stored",
                  "--out", "meter.reading", "--output", str(out)]) == 0  # fmt: skip

@@ -31,7 +31,7 @@ def client() -> Iterator[kr.Client]:
         yield client
 
 
-def test_every_row_matches_a_brute_force_oracle(client: kr.Client) -> None:
+def test_every_row_matches_a_brute_force_oracle(client: kr.Client, engine: str) -> None:
     rng = random.Random(11)
     users = [f"u{i:04d}" for i in range(1, 41)]
     ts = [ANCHOR - timedelta(seconds=rng.randint(0, 150 * 86400)) for _ in range(120)]
@@ -39,7 +39,7 @@ def test_every_row_matches_a_brute_force_oracle(client: kr.Client) -> None:
     uids: list[str | None] = [rng.choice(users) for _ in ts]
     uids[1], ts[1] = uids[0], ts[0]  # a duplicate spine row
     uids[5] = None  # a null key
-    result = client.offline_query({"user.id": uids, "ts": ts}, WINDOWED)
+    result = client.offline_query({"user.id": uids, "ts": ts}, WINDOWED, engine=engine)
 
     assert len(result) == len(ts)
     rows = result.to_pylist()

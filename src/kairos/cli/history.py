@@ -1,4 +1,5 @@
-"""`kairos offline` and `kairos materialize`: the offline half from a shell, with progress."""
+"""`kairos offline` and `kairos materialize`: the offline half from a shell, with progress;
+`--engine ray [--address ray://...]` recomputes on Ray workers (progress per part done)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,14 @@ def read_spine(path: str) -> pa.Table:
 
 
 def offline(
-    project: str, spine_path: str, outputs: list[str], output: str, timestamp: str, stored: bool
+    project: str,
+    spine_path: str,
+    outputs: list[str],
+    output: str,
+    timestamp: str,
+    stored: bool,
+    engine: str = "local",
+    address: str | None = None,
 ) -> int:
     if not outputs:
         raise KairosError("name at least one output: --out user.risk")
@@ -62,6 +70,13 @@ def offline(
     errors = 0
     with Client(project) as client:
         total = spine.num_rows
+        if engine != "local" and not stored:  # one query: the engine splits it into parts
+            result = client.offline_query(
+                spine, outputs, timestamp=timestamp, engine=engine, address=address, progress=show
+            )
+            pq.write_table(result.table, output)
+            print(f"wrote {len(result)} rows to {output} ({len(result.errors)} feature errors)")
+            return 0
         for start in range(0, max(total, 1), CHUNK):
             part = spine.slice(start, CHUNK)
             result = client.offline_query(part, outputs, timestamp=timestamp, recompute=not stored)
@@ -84,6 +99,8 @@ def materialize(
     keys_sql: str | None,
     source: str | None,
     online: bool,
+    engine: str = "local",
+    address: str | None = None,
 ) -> int:
     with Client(project) as client:
         if keys is not None:
@@ -105,6 +122,8 @@ def materialize(
             features=features,
             online=online,
             progress=progress_bar("materialize"),
+            engine=engine,
+            address=address,
         )
     print(
         f"backfilled {report.rows} rows: {report.values} values into the offline store, "

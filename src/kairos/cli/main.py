@@ -55,7 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     serve_command.add_argument("project", nargs="?", default=".")
     serve_command.add_argument("--host")
     serve_command.add_argument("--port", type=int)
-    serve_command.set_defaults(run=lambda a: serve(a.project, a.host, a.port))
+    serve_command.add_argument(
+        "--workers", type=int, default=1, help="processes answering on the port (default 1)"
+    )
+    serve_command.set_defaults(run=lambda a: serve(a.project, a.host, a.port, a.workers))
 
     off = commands.add_parser("offline", help="compute features for a spine file (Parquet/CSV)")
     off.add_argument("--project", default=".")
@@ -64,8 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     off.add_argument("--output", required=True, help="Parquet file to write")
     off.add_argument("--timestamp", default="ts")
     off.add_argument("--stored", action="store_true", help="read the offline store as of each row")
+    _engine_flags(off)
     off.set_defaults(
-        run=lambda a: offline(a.project, a.spine, a.outputs, a.output, a.timestamp, a.stored)
+        run=lambda a: offline(
+            a.project, a.spine, a.outputs, a.output, a.timestamp, a.stored, a.engine, a.address
+        )
     )
 
     mat = commands.add_parser("materialize", help="backfill features over a time range")
@@ -78,10 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     mat.add_argument("--keys-sql", help="a query returning the keys in its first column")
     mat.add_argument("--source", help="the source --keys-sql runs on")
     mat.add_argument("--online", action="store_true", help="also update the online store")
+    _engine_flags(mat)
     mat.set_defaults(
         run=lambda a: materialize(
             a.project, a.features, a.start, a.end, a.every, a.keys, a.keys_sql, a.source,
-            a.online,
+            a.online, a.engine, a.address,
         )
     )  # fmt: skip
 
@@ -132,6 +139,18 @@ def _parser() -> argparse.ArgumentParser:
     add_replay_command(commands)
     add_consume_command(commands)
     return parser
+
+
+def _engine_flags(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="what recomputes: this process (local) or Ray workers (pip install 'kairos[ray]')",
+    )
+    command.add_argument(
+        "--address", help="the Ray cluster, e.g. ray://head:10001 (default: Ray on this machine)"
+    )
 
 
 def _inputs(pairs: list[str]) -> dict[str, Any]:

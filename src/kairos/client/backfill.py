@@ -8,12 +8,12 @@ store (and optionally the online store, where a backfilled value never replaces 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from kairos.client.offline import offline_query
+from kairos.client.offline import Progress, Recompute, offline_query
 from kairos.client.runtime import Runtime
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.types import ValueType
@@ -23,7 +23,9 @@ from kairos.errors import InvalidInput, KairosError
 from kairos.stores.online import StoredValue
 
 ANY = ValueType("any", True)
-Progress = Callable[[int, int], None]  # (rows done, rows in all)
+# Spine rows per offline query when another engine (Ray) recomputes: each call ships its
+# rows to the workers and waits for all of them, so fewer, larger calls keep them busy.
+ENGINE_CHUNK = 100_000
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ async def materialize(
     online: bool = False,
     chunk: int = 5000,
     progress: Progress | None = None,
+    engine: Recompute | None = None,
 ) -> BackfillReport:
     names = [runtime.name(f) for f in features]
     if not names:
@@ -88,10 +91,16 @@ async def materialize(
     latest: dict[tuple[Any, str], StoredValue] = {}
     store = runtime.offline.store()
     horizon = datetime.now(UTC) + FUTURE_SKEW
+    if engine is not None:
+        chunk = max(chunk, ENGINE_CHUNK)
     for begin in range(0, total, chunk):
         part = spine[begin : begin + chunk]
         result = await offline_query(
-            runtime, {key_name: [k for k, _ in part], "ts": [t for _, t in part]}, names
+            runtime,
+            {key_name: [k for k, _ in part], "ts": [t for _, t in part]},
+            names,
+            engine=engine,
+            progress=_within(progress, begin, total) if engine is not None else None,
         )
         errors += len(result.errors)
         failed = {(e.row, e.feature) for e in result.errors}
@@ -134,3 +143,12 @@ async def materialize(
         # and nothing stamped in the future reaches it.
         await runtime.store.put([((root, key, f), v) for (key, f), v in latest.items()])
     return BackfillReport(total, written, len(latest) if online else 0, errors)
+
+
+def _within(progress: Progress | None, begin: int, total: int) -> Progress | None:
+    """Progress inside one part of a backfill (the part's rows done so far), short of the
+    end: the backfill reports its last rows once they are written."""
+    if progress is None:
+        return None
+    report = progress
+    return lambda done, _rows: report(begin + done, total) if begin + done < total else None

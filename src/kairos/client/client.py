@@ -17,17 +17,18 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kairos.client.backfill import BackfillReport, Progress, materialize
+from kairos.client.backfill import BackfillReport, materialize
 from kairos.client.config import Config
-from kairos.client.decisions import DecisionLog
+from kairos.client.decisions import DecisionLog, decision_records, snapshot_values, whole_path
 from kairos.client.evaluate import Evaluation, evaluate
 from kairos.client.events import event_class, foreign_keys, persist, stored_events, typed_events
 from kairos.client.fingerprint import definitions_fingerprint
 from kairos.client.inputs import check_inputs
 from kairos.client.llm import GatewayCompleter
 from kairos.client.models import Models
-from kairos.client.offline import Datasets, OfflineResult, offline_query
+from kairos.client.offline import Datasets, OfflineResult, Progress, Recompute, offline_query
 from kairos.client.project import Project
+from kairos.client.ray_engine import Rebuild, recompute_engine
 from kairos.client.replay import ReplayResult, replay, replay_runtime
 from kairos.client.runtime import FeatureNames, OfflineHistory, Runtime, plan_with
 from kairos.definitions.durations import DurationLike, parse_duration
@@ -59,7 +60,6 @@ from kairos.stores.offline.writer import OfflineWriter
 from kairos.stores.online import OnlineStore, online_store_from_url
 from kairos.stores.query_log import (
     LoggedQuery,
-    LoggedValue,
     NullQueryLog,
     PlanInfo,
     QueryLog,
@@ -139,6 +139,7 @@ class Client:
         self.log = DecisionLog(opened, FeatureNames(self.graph), lambda: self.datasets)
         self._logging = not isinstance(opened, NullQueryLog)
         store = self.config.online_store if online_store is None else online_store
+        self._online_url = store if isinstance(store, str) else None  # for Ray workers
         try:
             online = online_store_from_url(store) if isinstance(store, str) else store
         except BaseException:
@@ -335,14 +336,26 @@ class Client:
         *,
         timestamp: str = "ts",
         recompute: bool | Sequence[Any] = True,
+        engine: str = "local",
+        address: str | None = None,
+        progress: Progress | None = None,
     ) -> OfflineResult:
-        """Compute `output` for every spine row as of that row's timestamp.
+        """Compute `output` for every spine row as of that row's timestamp; `engine="ray"`
+        recomputes on Ray workers (the cluster at `address`, else Ray on this machine).
 
         >>> spine = {"user.id": ["u1", "u1"], "ts": [t1, t2]}  # doctest: +SKIP
         >>> client.offline_query(spine, [User.risk]).to_pandas()  # doctest: +SKIP
         """
         return self._sync(
-            offline_query(self._runtime, spine, output, timestamp=timestamp, recompute=recompute)
+            self.offline_query_async(
+                spine,
+                output,
+                timestamp=timestamp,
+                recompute=recompute,
+                engine=engine,
+                address=address,
+                progress=progress,
+            )
         )
 
     async def offline_query_async(
@@ -352,10 +365,25 @@ class Client:
         *,
         timestamp: str = "ts",
         recompute: bool | Sequence[Any] = True,
+        engine: str = "local",
+        address: str | None = None,
+        progress: Progress | None = None,
     ) -> OfflineResult:
         return await offline_query(
-            self._runtime, spine, output, timestamp=timestamp, recompute=recompute
+            self._runtime,
+            spine,
+            output,
+            timestamp=timestamp,
+            recompute=recompute,
+            engine=self._recompute(engine, address),
+            progress=progress,
         )
+
+    def _recompute(self, engine: str, address: str | None) -> Recompute | None:
+        """What recomputes offline rows: this process (None), or Ray workers that build
+        this client again from its project (kairos.client.ray_engine)."""
+        rebuild = Rebuild(type(self), self.project, self.config, self._online_url, self._id_prefix)
+        return recompute_engine(engine, address, self._runtime, rebuild)
 
     def replay(
         self,
@@ -516,9 +544,12 @@ class Client:
         features: Sequence[Any],
         online: bool = False,
         progress: Progress | None = None,
+        engine: str = "local",
+        address: str | None = None,
     ) -> BackfillReport:
         """Backfill `features` for `keys` at `start`, `start + every`, ... `end` into the
-        offline store (and, with `online`, each key's latest values into the online store)."""
+        offline store (and, with `online`, each key's latest values into the online store);
+        `engine="ray"` computes on Ray workers, this process writes."""
         return self._sync(
             materialize(
                 self._runtime,
@@ -529,6 +560,7 @@ class Client:
                 features=features,
                 online=online,
                 progress=progress,
+                engine=self._recompute(engine, address),
             )
         )
 
@@ -606,14 +638,14 @@ class Client:
             rows,
             outcome.cache_hits,
             outcome.computed,
-            tuple(_whole_path(call, started, total, full=False) for call in calls.llm),
+            tuple(whole_path(call, started, total, full=False) for call in calls.llm),
         )
         result = BulkResult(outcome.columns, meta, trace, self.name)
         writer = runtime.offline.writer
         if writer is not None and outcome.observed:
             writer.add(outcome.observed)
         if self._logging:  # the writer thread builds and encodes the records
-            values = _snapshot(outcome.values)
+            values = snapshot_values(outcome.values)
             inputs = {name: values[name].values for name in columns}
             build = functools.partial(
                 self._records, runtime, plan, inputs, result, values, calls, started
@@ -667,76 +699,9 @@ class Client:
         calls: Calls,
         started: float,
     ) -> list[LoggedQuery]:
-        """Each entity's decision record: every value the plan read or produced, the model
-        and LLM calls it made, and its plan (bulk row `i` is `<query_id>-<i>`)."""
-        meta = result.meta
+        """Each entity's decision record, with its plan as `_plan_info` names it."""
         info = self._plan_info(runtime, plan)
-        versions = plan.versions
-        trace = [step.to_dict() for step in result.trace]  # times kept whole
-        logged_at = datetime.now(UTC)
-        models = _by_row(
-            {
-                "feature": call["feature"],
-                "model": call["model"],
-                "version": call["version"],
-                "inputs": call["inputs"],
-                "vector": vector,
-                "row": row,
-            }
-            for call in calls.models
-            for row, vector in zip(call["rows"], call["vectors"], strict=True)
-        )
-        llm = _by_row(
-            {**_whole_path(call, started, meta.duration_ms, full=True), "row": call.get("row")}
-            for call in calls.llm
-        )
-        records = []
-        now = meta.now
-        ages: dict[datetime, float] = {}  # cached values mostly share one observed_at
-        made = tuple.__new__  # a LoggedValue without its keyword-argument constructor
-        for row in range(meta.rows):
-            kept = {}
-            for name, col in values.items():
-                error = col.errors[row]
-                source = col.source[row]
-                observed = col.observed_at[row]
-                value = col.values[row]
-                fields: tuple[Any, ...]
-                if source == "cache" and observed is not None:
-                    age = ages.get(observed)
-                    if age is None:
-                        age = ages[observed] = (now - observed).total_seconds()
-                    fields = (value, observed, source, None, None, None, age)
-                elif source in _UNVERSIONED:
-                    fields = (value, observed, source, None, None, None, None)
-                else:
-                    fields = (value, observed, source, versions.get(name), None, None, None)
-                if error is not None:
-                    fields = (*fields[:4], error.code, error.message, fields[6])
-                kept[name] = made(LoggedValue, fields)
-            trace_of_row = trace
-            llm_of_row = llm.get(row, []) + (llm.get(None, []) if meta.rows == 1 else [])
-            if llm_of_row:  # the LLM calls of a decision: tokens by feature, each stage's time
-                trace_of_row = trace + [
-                    {"kind": "llm", **{k: v for k, v in c.items() if k not in _FULL_ONLY}}
-                    for c in llm_of_row
-                ]
-            records.append(
-                LoggedQuery(
-                    meta.query_id if meta.rows == 1 else f"{meta.query_id}-{row}",
-                    meta.now,
-                    {name: column[row] for name, column in inputs.items()},
-                    {name: kept[name] for name in result.columns},
-                    meta.duration_ms,
-                    trace_of_row,
-                    logged_at,
-                    kept,
-                    models.get(row, []),
-                    llm_of_row,
-                    info,
-                )
-            )
-        return records
+        return decision_records(info, plan, inputs, result, values, calls, started)
 
     def _plan_info(self, runtime: Runtime, plan: Plan) -> PlanInfo:
         """The plan as a decision record names it (built once per plan and runtime; the
@@ -820,60 +785,6 @@ class Client:
 
 # A query id a caller may choose: readable back as a URL path segment, at most 128 chars.
 QUERY_ID = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
-
-
-# sources whose values no code version made
-_UNVERSIONED = frozenset({None, "cache", "input", "default"})
-# what only a decision record keeps of an LLM call (not a query's reply, nor its trace)
-_FULL_ONLY = frozenset({"messages", "answer", "cost_by_feature"})
-
-
-def _whole_path(
-    call: dict[str, Any], started: float, total_ms: float, *, full: bool
-) -> dict[str, Any]:
-    """An LLM call's record with the context assembly before it: from the query's start to
-    the moment its request was sent (features computed, prompt rendered). Without `full`,
-    not the messages and the answer (what a query's reply and trace show)."""
-    dropped = {"sent_at"} if full else {"sent_at", *_FULL_ONLY}
-    record = {k: v for k, v in call.items() if k not in dropped}
-    record["context_ms"] = round((call["sent_at"] - started) * 1000, 3)
-    record["query_ms"] = round(total_ms, 3)
-    return record
-
-
-def _snapshot(values: dict[str, ColumnData]) -> dict[str, ColumnData]:
-    """The run's values as the decision record will keep them: every list and dict copied
-    (has-many rows, list and dict features, such inputs), since the caller holds the same
-    objects and may change them before the writer thread reads them."""
-    kept = values
-    for name, column in values.items():
-        if any(type(value) in _CONTAINERS for value in column.values):
-            if kept is values:
-                kept = dict(values)
-            copied = [_copied(value) for value in column.values]
-            kept[name] = ColumnData(copied, column.observed_at, column.source, column.errors)
-    return kept
-
-
-_CONTAINERS = frozenset({list, dict})
-
-
-def _copied(value: Any) -> Any:
-    """`value` with its lists and dicts copied, all the way down (other values are kept:
-    scalars, datetimes, tuples)."""
-    kind = type(value)
-    if kind is list:
-        return [_copied(item) for item in value]
-    if kind is dict:
-        return {key: _copied(item) for key, item in value.items()}
-    return value
-
-
-def _by_row(calls: Iterable[dict[str, Any]]) -> dict[int | None, list[dict[str, Any]]]:
-    grouped: dict[int | None, list[dict[str, Any]]] = {}
-    for call in calls:
-        grouped.setdefault(call.pop("row"), []).append(call)
-    return grouped
 
 
 def _now(now: datetime | None) -> datetime:

@@ -9,7 +9,7 @@ Every method of the underlying `QueryLog` (append, flush, recent, close...) is h
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,10 +18,13 @@ import pyarrow as pa
 from kairos.client.offline import Datasets, OfflineResult
 from kairos.client.runtime import FeatureNames
 from kairos.definitions.durations import DurationLike, parse_duration
+from kairos.engine.result import BulkResult, ColumnData
 from kairos.engine.values import to_utc
 from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError
+from kairos.planner.plan import Plan
+from kairos.resolvers.calls import Calls
 from kairos.stores.datasets import DatasetVersion
-from kairos.stores.query_log import LoggedQuery, QueryLog, Search
+from kairos.stores.query_log import LoggedQuery, LoggedValue, PlanInfo, QueryLog, Search
 from kairos.stores.query_log.records import search_key
 
 # search answers at most this many decisions at once; page with `until=` the oldest's `now`
@@ -219,4 +222,147 @@ def moment(value: datetime | DurationLike | None, field: str) -> datetime | None
         ) from None
 
 
-__all__ = ["MAX_LIMIT", "DecisionLog", "moment"]
+# --- what a decision record keeps of a query (the client builds its records with these) ---
+
+# sources whose values no code version made
+UNVERSIONED = frozenset({None, "cache", "input", "default"})
+# what only a decision record keeps of an LLM call (not a query's reply, nor its trace)
+FULL_ONLY = frozenset({"messages", "answer", "cost_by_feature"})
+
+
+def whole_path(
+    call: dict[str, Any], started: float, total_ms: float, *, full: bool
+) -> dict[str, Any]:
+    """An LLM call's record with the context assembly before it: from the query's start to
+    the moment its request was sent (features computed, prompt rendered). Without `full`,
+    not the messages and the answer (what a query's reply and trace show)."""
+    dropped = {"sent_at"} if full else {"sent_at", *FULL_ONLY}
+    record = {k: v for k, v in call.items() if k not in dropped}
+    record["context_ms"] = round((call["sent_at"] - started) * 1000, 3)
+    record["query_ms"] = round(total_ms, 3)
+    return record
+
+
+def snapshot_values(values: dict[str, ColumnData]) -> dict[str, ColumnData]:
+    """The run's values as the decision record will keep them: every list and dict copied
+    (has-many rows, list and dict features, such inputs), since the caller holds the same
+    objects and may change them before the writer thread reads them."""
+    kept = values
+    for name, column in values.items():
+        if any(type(value) in CONTAINERS for value in column.values):
+            if kept is values:
+                kept = dict(values)
+            copied = [copied_value(value) for value in column.values]
+            kept[name] = ColumnData(copied, column.observed_at, column.source, column.errors)
+    return kept
+
+
+CONTAINERS = frozenset({list, dict})
+
+
+def copied_value(value: Any) -> Any:
+    """`value` with its lists and dicts copied, all the way down (other values are kept:
+    scalars, datetimes, tuples)."""
+    kind = type(value)
+    if kind is list:
+        return [copied_value(item) for item in value]
+    if kind is dict:
+        return {key: copied_value(item) for key, item in value.items()}
+    return value
+
+
+def by_row(calls: Iterable[dict[str, Any]]) -> dict[int | None, list[dict[str, Any]]]:
+    grouped: dict[int | None, list[dict[str, Any]]] = {}
+    for call in calls:
+        grouped.setdefault(call.pop("row"), []).append(call)
+    return grouped
+
+
+def decision_records(
+    info: PlanInfo,
+    plan: Plan,
+    inputs: dict[str, list[Any]],
+    result: BulkResult,
+    values: dict[str, ColumnData],
+    calls: Calls,
+    started: float,
+) -> list[LoggedQuery]:
+    """Each entity's decision record: every value the plan read or produced, the model
+    and LLM calls it made, and its plan (`info`; bulk row `i` is `<query_id>-<i>`)."""
+    meta = result.meta
+    versions = plan.versions
+    trace = [step.to_dict() for step in result.trace]  # times kept whole
+    logged_at = datetime.now(UTC)
+    models = by_row(
+        {
+            "feature": call["feature"],
+            "model": call["model"],
+            "version": call["version"],
+            "inputs": call["inputs"],
+            "vector": vector,
+            "row": row,
+        }
+        for call in calls.models
+        for row, vector in zip(call["rows"], call["vectors"], strict=True)
+    )
+    llm = by_row(
+        {**whole_path(call, started, meta.duration_ms, full=True), "row": call.get("row")}
+        for call in calls.llm
+    )
+    records = []
+    now = meta.now
+    ages: dict[datetime, float] = {}  # cached values mostly share one observed_at
+    made = tuple.__new__  # a LoggedValue without its keyword-argument constructor
+    for row in range(meta.rows):
+        kept = {}
+        for name, col in values.items():
+            error = col.errors[row]
+            source = col.source[row]
+            observed = col.observed_at[row]
+            value = col.values[row]
+            fields: tuple[Any, ...]
+            if source == "cache" and observed is not None:
+                age = ages.get(observed)
+                if age is None:
+                    age = ages[observed] = (now - observed).total_seconds()
+                fields = (value, observed, source, None, None, None, age)
+            elif source in UNVERSIONED:
+                fields = (value, observed, source, None, None, None, None)
+            else:
+                fields = (value, observed, source, versions.get(name), None, None, None)
+            if error is not None:
+                fields = (*fields[:4], error.code, error.message, fields[6])
+            kept[name] = made(LoggedValue, fields)
+        trace_of_row = trace
+        llm_of_row = llm.get(row, []) + (llm.get(None, []) if meta.rows == 1 else [])
+        if llm_of_row:  # the LLM calls of a decision: tokens by feature, each stage's time
+            trace_of_row = trace + [
+                {"kind": "llm", **{k: v for k, v in c.items() if k not in FULL_ONLY}}
+                for c in llm_of_row
+            ]
+        records.append(
+            LoggedQuery(
+                meta.query_id if meta.rows == 1 else f"{meta.query_id}-{row}",
+                meta.now,
+                {name: column[row] for name, column in inputs.items()},
+                {name: kept[name] for name in result.columns},
+                meta.duration_ms,
+                trace_of_row,
+                logged_at,
+                kept,
+                models.get(row, []),
+                llm_of_row,
+                info,
+            )
+        )
+    return records
+
+
+__all__ = [
+    "MAX_LIMIT",
+    "DecisionLog",
+    "decision_records",
+    "moment",
+    "snapshot_values",
+    "whole_path",
+]

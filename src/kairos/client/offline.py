@@ -11,13 +11,16 @@ key is null gets nulls.
 With `recompute=False` every output is read from the offline store instead: for each row,
 the latest value with `observed_at <= ts` (through has-one relations too), as written by
 earlier online queries and backfills; `recompute=[...]` recomputes just those features.
+
+What recomputes is a `Recompute`: this process's engine by default, or Ray workers
+(`ray_engine.py`, `engine="ray"`); checking the spine and reading stored values stay here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -30,8 +33,17 @@ from kairos.client.runtime import Runtime
 from kairos.engine.result import FeatureError
 from kairos.engine.values import to_utc
 from kairos.errors import InvalidInput, InvalidValue, KairosError
+from kairos.planner.plan import Plan
 from kairos.stores.datasets import Dataset, DatasetStore, DatasetVersion
 from kairos.stores.offline import readable
+
+Progress = Callable[[int, int], None]  # (rows done, rows in all)
+# (the offline plan, its input columns, each row's time, progress) -> each plan output's
+# values, and the errors of its rows (in plan output order, then row order)
+Recompute = Callable[
+    [Plan, dict[str, list[Any]], list[datetime], Progress | None],
+    Awaitable[tuple[dict[str, list[Any]], list[FeatureError]]],
+]
 
 
 @dataclass
@@ -97,6 +109,8 @@ async def offline_query(
     *,
     timestamp: str = "ts",
     recompute: bool | Sequence[Any] = True,
+    engine: Recompute | None = None,
+    progress: Progress | None = None,
 ) -> OfflineResult:
     if recompute is False:
         return await asyncio.to_thread(_stored_query, runtime, spine, output, timestamp)
@@ -147,10 +161,9 @@ async def offline_query(
     errors: list[FeatureError] = []
     if computed:
         plan = runtime.planner.plan(list(inputs), computed, mode="offline")
-        now = max(row_times) if row_times else datetime.now().astimezone()
-        outcome = await runtime.engine.run(plan, inputs, rows, now, {}, row_times=row_times)
-        table.update({name: outcome.columns[name].values for name in computed})
-        errors = [e for col in outcome.columns.values() for e in col.errors if e is not None]
+        run = engine or local_recompute(runtime)
+        values, errors = await run(plan, inputs, row_times, progress)
+        table.update({name: values[name] for name in computed})
     if stored:
         from_store = await asyncio.to_thread(
             _stored_values, runtime, root, inputs, stored, row_times
@@ -172,6 +185,27 @@ async def offline_query(
         "spine_rows": rows,
     }
     return OfflineResult(arrow, errors, query)
+
+
+def local_recompute(runtime: Runtime) -> Recompute:
+    """Recompute in this process: one run of the engine over every row."""
+
+    async def run(
+        plan: Plan,
+        inputs: dict[str, list[Any]],
+        row_times: list[datetime],
+        progress: Progress | None,
+    ) -> tuple[dict[str, list[Any]], list[FeatureError]]:
+        rows = len(row_times)
+        now = max(row_times) if row_times else datetime.now().astimezone()
+        outcome = await runtime.engine.run(plan, inputs, rows, now, {}, row_times=row_times)
+        if progress is not None:
+            progress(rows, rows)
+        values = {name: column.values for name, column in outcome.columns.items()}
+        errors = [e for col in outcome.columns.values() for e in col.errors if e is not None]
+        return values, errors
+
+    return run
 
 
 def arrow_spine(spine: Any) -> pa.Table:
