@@ -304,10 +304,10 @@ return changed
 """
 )
 
-# ARGV: aggregate prefix, entity, first micros, last micros, exact limit, the two edge ranges
-# (4 values, '' when none), the whole seconds [first, end) the tiles cover, the top level.
-# Returns {0, members} (the window's rows) or {1, rows, values, sum, squares, floats, min,
-# max} as text.
+# ARGV: windows of 12 values: series prefix, entity, first micros, last micros, exact limit,
+# the two edge ranges (4 values, '' when none), the whole seconds [first, end) the tiles
+# cover, the top level. Returns for each {0, members} (the window's rows) or {1, rows,
+# values, sum, squares, floats, min, max} as text.
 _READ = (
     _LUA_COMMON
     + """
@@ -337,27 +337,34 @@ local function tile_fields(lo, hi, top)
   return left
 end
 
-local raw, tiles = ARGV[1] .. ':r:' .. ARGV[2], ARGV[1] .. ':t:' .. ARGV[2]
-local count = redis.call('ZCOUNT', raw, ARGV[3], ARGV[4])
-if count <= tonumber(ARGV[5]) then
-  return {0, redis.call('ZRANGEBYSCORE', raw, ARGV[3], ARGV[4])}
-end
-local s = {0, 0, 0, 0, 0, nil, nil}
-for e = 6, 8, 2 do
-  if ARGV[e] ~= '' then
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', raw, ARGV[e], ARGV[e + 1])) do
-      local v, isf = value_of(member_value(m))
-      add_value(s, v, isf)
+local function window(a)
+  local raw, tiles = ARGV[a] .. ':r:' .. ARGV[a + 1], ARGV[a] .. ':t:' .. ARGV[a + 1]
+  local count = redis.call('ZCOUNT', raw, ARGV[a + 2], ARGV[a + 3])
+  if count <= tonumber(ARGV[a + 4]) then
+    return {0, redis.call('ZRANGEBYSCORE', raw, ARGV[a + 2], ARGV[a + 3])}
+  end
+  local s = {0, 0, 0, 0, 0, nil, nil}
+  for e = a + 5, a + 7, 2 do
+    if ARGV[e] ~= '' then
+      for _, m in ipairs(redis.call('ZRANGEBYSCORE', raw, ARGV[e], ARGV[e + 1])) do
+        local v, isf = value_of(member_value(m))
+        add_value(s, v, isf)
+      end
     end
   end
-end
-local fields = tile_fields(tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]))
-if #fields > 0 then
-  for _, t in ipairs(redis.call('HMGET', tiles, unpack(fields))) do
-    if t then merge(s, parse_tile(t)) end
+  local fields = tile_fields(tonumber(ARGV[a + 9]), tonumber(ARGV[a + 10]),
+                             tonumber(ARGV[a + 11]))
+  if #fields > 0 then
+    for _, t in ipairs(redis.call('HMGET', tiles, unpack(fields))) do
+      if t then merge(s, parse_tile(t)) end
+    end
   end
+  return {1, fmt(s[1]), fmt(s[2]), fmt(s[3]), fmt(s[4]), fmt(s[5]), fmt(s[6]), fmt(s[7])}
 end
-return {1, fmt(s[1]), fmt(s[2]), fmt(s[3]), fmt(s[4]), fmt(s[5]), fmt(s[6]), fmt(s[7])}
+
+local replies = {}
+for a = 1, #ARGV, 12 do replies[#replies + 1] = window(a) end
+return replies
 """
 )
 
@@ -602,14 +609,17 @@ class RedisWindowStore:
         return [*args, *edges, start_second, end_second, top]
 
     async def _pipeline(self, client: Any, args: list[list[Any]]) -> list[Any]:
-        """EVALSHAs in pipelines of `_CHUNK * 5` (a bulk query's windows are many)."""
-        replies: list[Any] = []
-        for start in range(0, len(args), _CHUNK * 5):
-            async with client.pipeline(transaction=False) as pipe:
-                for arguments in args[start : start + _CHUNK * 5]:
-                    pipe.evalsha(self._read_sha, 0, *arguments)
-                replies += await pipe.execute(raise_on_error=False)
-        return replies
+        """One EVALSHA per `_CHUNK` windows (a query's are one; a bulk query's many, in one
+        pipeline); a script that failed gives its error for each of its windows."""
+        chunks = [args[i : i + _CHUNK] for i in range(0, len(args), _CHUNK)]
+        async with client.pipeline(transaction=False) as pipe:
+            for chunk in chunks:
+                pipe.evalsha(self._read_sha, 0, *[part for window in chunk for part in window])
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        found: list[Any] = []
+        for chunk, reply in zip(chunks, replies, strict=True):
+            found += [reply] * len(chunk) if isinstance(reply, Exception) else reply
+        return found
 
     def _failures(self) -> AbstractContextManager[None]:
         return failures_as(self.store.unavailable)
