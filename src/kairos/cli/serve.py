@@ -1,16 +1,32 @@
-"""`kairos serve`: run the HTTP server until stopped; flush the query log on the way out."""
+"""`kairos serve`: run the HTTP server until stopped; flush the query log on the way out.
+
+With `--workers N`, N processes answer on one port (uvicorn's supervisor binds the socket once
+and restarts a worker that dies); each builds its own client on the project's stores, which
+every embedded store allows: the DuckDB offline store is a folder of segments any process adds
+to, the SQLite online store and query log are WAL files, and each worker's window index follows
+the events the others write.
+"""
 
 from __future__ import annotations
 
 import gc
 import ipaddress
+import os
+import sys
+from pathlib import Path
 
 import uvicorn
+from starlette.applications import Starlette
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
 
 from kairos.client import Client
-from kairos.client.config import ServerConfig
+from kairos.client.config import Config, ServerConfig
 from kairos.errors import KairosError
 from kairos.server import create_app
+
+# what a worker process is told by the process that starts it (it is a fresh interpreter)
+_PROJECT, _HOST, _PORT = "KAIROS_SERVE_PROJECT", "KAIROS_SERVE_HOST", "KAIROS_SERVE_PORT"
 
 
 def is_local(host: str) -> bool:
@@ -22,40 +38,101 @@ def is_local(host: str) -> bool:
         return False
 
 
-def serve(project: str, host: str | None, port: int | None) -> int:
+def server_settings(configured: ServerConfig, host: str | None, port: int | None) -> ServerConfig:
+    """The project's server settings with the command line's host and port, refused when
+    they would serve beyond this machine without keys."""
+    settings = ServerConfig(
+        host=host or configured.host, port=port or configured.port, keys=configured.keys
+    )
+    if not settings.keys and not is_local(settings.host):
+        raise KairosError(
+            f"refusing to serve on {settings.host} without API keys; add "
+            "server.keys to kairos.yaml (e.g. keys: ['${KAIROS_API_KEY}']) or bind 127.0.0.1"
+        )
+    return settings
+
+
+def _uvicorn(app: Starlette | str, settings: ServerConfig, workers: int) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        workers=workers,
+        factory=isinstance(app, str),
+    )
+
+
+def _announce(project: str, settings: ServerConfig, workers: int) -> None:
+    processes = f", {workers} worker processes" if workers > 1 else ""
+    auth = "bearer keys required" if settings.keys else "no auth, localhost only"
+    print(
+        f"kairos serving {project} on http://{settings.host}:{settings.port} ({auth}{processes})",
+        flush=True,
+    )
+
+
+def serve(project: str, host: str | None, port: int | None, workers: int = 1) -> int:
+    """Serve `project` until stopped, in this process or in `workers` processes.
+
+    >>> serve("examples/fraud", "127.0.0.1", 8000, workers=4)  # doctest: +SKIP
+    """
+    if workers < 1:
+        raise KairosError(f"--workers {workers} must be at least 1")
+    if workers > 1:
+        return _serve_workers(project, host, port, workers)
     client = Client(project)
     try:
-        configured = client.config.server
-        server_config = ServerConfig(
-            host=host or configured.host, port=port or configured.port, keys=configured.keys
-        )
-        if not server_config.keys and not is_local(server_config.host):
-            raise KairosError(
-                f"refusing to serve on {server_config.host} without API keys; add "
-                "server.keys to kairos.yaml (e.g. keys: ['${KAIROS_API_KEY}']) or bind 127.0.0.1"
-            )
-        app = create_app(client, server_config, close_client=True)
-        config = uvicorn.Config(
-            app,
-            host=server_config.host,
-            port=server_config.port,
-            loop="uvloop",
-            http="httptools",
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-        )
-        server = uvicorn.Server(config)
+        settings = server_settings(client.config.server, host, port)
+        app = create_app(client, settings, close_client=True)
+        server = uvicorn.Server(_uvicorn(app, settings, 1))
         # Everything built so far lives as long as the server: keep it out of the collector's
         # scans, which otherwise pause requests for milliseconds.
         gc.collect()
         gc.freeze()
-        print(
-            f"kairos serving {project} on http://{server_config.host}:{server_config.port} "
-            f"({'bearer keys required' if server_config.keys else 'no auth, localhost only'})",
-            flush=True,
-        )
+        _announce(project, settings, 1)
         server.run()
     finally:
         client.close()  # idempotent; the app's shutdown already flushed the query log
     return 0
+
+
+def _serve_workers(project: str, host: str | None, port: int | None, workers: int) -> int:
+    folder = Path(project).resolve()
+    settings = server_settings(Config.load(folder).server, host, port)
+    os.environ.update(
+        {_PROJECT: str(folder), _HOST: settings.host, _PORT: str(settings.port)}
+    )  # the workers' environment: they are spawned, not forked
+    config = _uvicorn(f"{__name__}:worker_app", settings, workers)
+    socket = config.bind_socket()
+    supervisor = Multiprocess(config, sockets=[socket])
+    _announce(project, settings, workers)
+    try:
+        supervisor.run()  # until SIGINT or SIGTERM, then each worker shuts down in turn
+    finally:
+        socket.close()
+    if any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes):
+        raise KairosError(f"a worker could not start serving {project} (see its error above)")
+    return 0
+
+
+def worker_app() -> Starlette:
+    """The app of one `kairos serve --workers N` process (uvicorn calls it in each worker)."""
+    try:
+        client = Client(os.environ[_PROJECT])
+    except KairosError as error:
+        print(f"kairos: {error}", file=sys.stderr, flush=True)
+        sys.exit(STARTUP_FAILURE)  # the supervisor stops instead of restarting it for ever
+    try:
+        settings = server_settings(client.config.server, os.environ[_HOST], int(os.environ[_PORT]))
+        app = create_app(client, settings, close_client=True)
+    except BaseException:
+        client.close()
+        raise
+    gc.collect()
+    gc.freeze()
+    return app

@@ -21,7 +21,14 @@ from kairos.client.backfill import BackfillReport, materialize
 from kairos.client.config import Config
 from kairos.client.decisions import DecisionLog, decision_records, snapshot_values, whole_path
 from kairos.client.evaluate import Evaluation, evaluate
-from kairos.client.events import event_class, foreign_keys, persist, stored_events, typed_events
+from kairos.client.events import (
+    FollowingIndex,
+    event_class,
+    foreign_keys,
+    persist,
+    stored_events,
+    typed_events,
+)
 from kairos.client.fingerprint import definitions_fingerprint
 from kairos.client.inputs import check_inputs
 from kairos.client.llm import GatewayCompleter
@@ -44,6 +51,7 @@ from kairos.engine.result import (
     QueryResult,
 )
 from kairos.engine.values import to_utc
+from kairos.engine.windows import WindowIndex
 from kairos.engine.windows_shared import windows_for
 from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError
 from kairos.gateway import Gateway
@@ -158,6 +166,9 @@ class Client:
         self.windows = windows_for(
             online, (lambda: stored_events(self.graph, history.store)) if history.kept else None
         )
+        if history.kept and isinstance(self.windows, WindowIndex):
+            # in this process, over a store other processes may write: follow what they write
+            self.windows = FollowingIndex(self.graph, history.store)
         for namespace, info in self.graph.classes.items():
             for name in info.features:
                 indexed = indexed_window(self.graph, namespace, name)
@@ -235,7 +246,7 @@ class Client:
         return self._runtime.declared
 
     def offline_store(self) -> OfflineStore:
-        """The offline store, opened on first use (DuckDB lets one process hold its file)."""
+        """The offline store, opened on first use."""
         return self._runtime.offline.store()
 
     # --- names --------------------------------------------------------------------------

@@ -5,18 +5,26 @@ An event is stored as its class's feature values, keyed by the event's id and ob
 `FeatureTime`, all features of one write in one table: so an offline as-of read of
 `Transaction.amount` works too, and a restarted server answers windows over every event it was
 ever sent. Without an offline store (`offline_store: none://`) events live in memory only.
+
+Several processes may share one offline store (`kairos serve --workers N`, a CLI beside a
+server): `FollowingIndex` is the window index of such a process, which reads the events the
+others wrote since it last looked before each answer.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, cast
+
+import pyarrow as pa
 
 from kairos.definitions.graph import ClassInfo, Graph
 from kairos.engine.values import check
-from kairos.engine.windows import EventBatch
+from kairos.engine.windows import EventBatch, WindowIndex
 from kairos.errors import InvalidInput, InvalidValue, did_you_mean
-from kairos.stores.offline import OfflineStore, readable
+from kairos.stores.offline import FollowedStore, OfflineStore, readable
 
 
 def event_class(graph: Graph, namespace: str) -> ClassInfo:
@@ -106,25 +114,96 @@ def persist(store: OfflineStore, info: ClassInfo, rows: Sequence[dict[str, Any]]
 def stored_events(graph: Graph, open_store: Callable[[], OfflineStore]) -> list[EventBatch]:
     """Every event class's events as the offline store holds them (the latest write of each
     id), as batches for the window index."""
-    batches: list[EventBatch] = []
-    classes = [info for info in graph.classes.values() if info.events and info.feature_time]
+    classes = _event_classes(graph)
     if not classes:
-        return batches
+        return []
     store = open_store()
+    batches = []
     for info in classes:
-        features = stored_features(info)
-        table = store.latest_rows(info.namespace, features)
-        if not table.num_rows:
-            continue
-        columns = {"key": table.column("key").to_pylist()}
-        for name in features:
-            kind = store.value_kind(info.namespace, name)
-            found = readable(table.column(name).combine_chunks(), kind)
-            columns[name] = found if isinstance(found, list) else found.to_pylist()
-        rows = [
-            {info.primary: key, **{name: columns[name][i] for name in features}}
-            for i, key in enumerate(columns["key"])
-        ]
-        rows.sort(key=lambda row: row[features[0]])
-        batches.append((info.namespace, foreign_keys(info), features[0], info.primary, rows))
+        table = store.latest_rows(info.namespace, stored_features(info))
+        if table.num_rows:
+            batches.append(_batch(store, info, table))
     return batches
+
+
+class FollowingIndex(WindowIndex):
+    """The window index of one process among several that write the same offline store: it
+    starts from every event the store holds and, before each answer, adds the events written
+    since it last looked, by any process (its own change nothing). When nothing was written
+    that costs a directory listing per table of events. A store that cannot say what changed
+    (`FollowedStore`) is read once, at the start.
+
+    >>> index = FollowingIndex(client.graph, client.offline_store)  # doctest: +SKIP
+    """
+
+    def __init__(self, graph: Graph, open_store: Callable[[], OfflineStore]) -> None:
+        super().__init__(self._changes)
+        self._graph = graph
+        self._open_store = open_store
+        self._positions: dict[str, dict[str, int]] = {}  # namespace -> where it has read to
+        self._follow_lock = threading.Lock()
+        self._loaded = False
+
+    async def values(
+        self, feature: tuple[str, str], keys: Sequence[Any], nows: Sequence[datetime]
+    ) -> list[Any]:
+        self._follow()
+        return await super().values(feature, keys, nows)
+
+    async def event_rows(
+        self, child: str, fk: str, keys: Sequence[Any], nows: Sequence[datetime]
+    ) -> list[Any]:
+        self._follow()
+        return await super().event_rows(child, fk, keys, nows)
+
+    def _follow(self) -> None:
+        if not self._loaded:
+            self._load()  # the first read: every event
+            return
+        for child, fks, time_field, primary, rows in self._changes():
+            self.write(child, fks, time_field, rows, primary)
+
+    def _changes(self) -> list[EventBatch]:
+        """The events written since the last call (every event on the first), as batches;
+        where it has read to moves on only once every class was read."""
+        with self._follow_lock:
+            if self._loaded and not self._positions:  # nothing to follow
+                return []
+            store = self._open_store()
+            if not self._loaded and not isinstance(store, FollowedStore):
+                self._loaded = True  # read once: no positions, so nothing to follow
+                return stored_events(self._graph, lambda: store)
+            followed = cast(FollowedStore, store)
+            batches = []
+            positions = {}
+            for info in _event_classes(self._graph):
+                after = self._positions.get(info.namespace, {})
+                table, positions[info.namespace] = followed.changed_rows(
+                    info.namespace, stored_features(info), after
+                )
+                if table.num_rows:
+                    batches.append(_batch(store, info, table))
+            self._positions = positions
+            self._loaded = True
+            return batches
+
+
+def _event_classes(graph: Graph) -> list[ClassInfo]:
+    return [info for info in graph.classes.values() if info.events and info.feature_time]
+
+
+def _batch(store: OfflineStore, info: ClassInfo, table: pa.Table) -> EventBatch:
+    """Stored rows of an event class (`key` and its stored features) as a batch of events
+    in time order."""
+    features = stored_features(info)
+    columns = {"key": table.column("key").to_pylist()}
+    for name in features:
+        kind = store.value_kind(info.namespace, name)
+        found = readable(table.column(name).combine_chunks(), kind)
+        columns[name] = found if isinstance(found, list) else found.to_pylist()
+    rows = [
+        {info.primary: key, **{name: columns[name][i] for name in features}}
+        for i, key in enumerate(columns["key"])
+    ]
+    rows.sort(key=lambda row: row[features[0]])
+    return (info.namespace, foreign_keys(info), features[0], info.primary, rows)

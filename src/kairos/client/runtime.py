@@ -36,8 +36,8 @@ Declared = Resolver[..., Any] | SqlResolver
 
 
 class OfflineHistory:
-    """The offline store, opened on first use (DuckDB lets one process hold its file), and
-    the writer that keeps online values in it; no writer when the store is `none://`."""
+    """The offline store, opened on first use, and the writer that keeps online values in
+    it; no writer when the store is `none://`."""
 
     def __init__(self, store: str | OfflineStore) -> None:
         self._store: OfflineStore | None = None if isinstance(store, str) else store

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import pyarrow as pa
 
@@ -102,6 +102,16 @@ class OfflineStore(Protocol):
     def value_kind(self, namespace: str, feature: str) -> str | None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class FollowedStore(Protocol):
+    """An offline store that says which rows were written since a position it gave: what a
+    process reads to see the events other processes wrote (the DuckDB store does)."""
+
+    def changed_rows(
+        self, namespace: str, features: Sequence[str], after: Mapping[str, int]
+    ) -> tuple[pa.Table, dict[str, int]]: ...
 
 
 class InsertionClock:

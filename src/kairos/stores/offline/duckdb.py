@@ -1,23 +1,34 @@
-"""The offline store in one DuckDB file, the embedded default.
+"""The offline store in a folder of Parquet segments read by DuckDB, the embedded default.
 
-Values are typed: one table per (namespace, feature), created on the first write, with
-columns `(key, observed_at, inserted_at, value)` and the value in the DuckDB type of the
-feature's `ValueType`; list, dict and `any` values are JSON in the exact text of
-`kairos.stores.codec`, so a datetime inside a dict reads back as a datetime.
+Values are typed: one table per set of features written together (a folder, `segments.py`),
+created on the first write, with columns `(key, observed_at, inserted_at, seq, value...)` and
+each value in the type of the feature's `ValueType`; list, dict and `any` values are JSON in the
+exact text of `kairos.stores.codec`, so a datetime inside a dict reads back as a datetime.
+
+Every write adds one immutable segment file and every read lists the files again, so any number
+of processes on one project (`kairos serve --workers N`, `kairos query`, a backfill) write and
+read the store at the same time; small segments are merged as they pile up. A store from before
+(one DuckDB file at the same path) is moved into segments the first time it is opened, and the
+file is kept beside it as `<name>.old`.
 
 As-of reads are one `ASOF LEFT JOIN` of the spine (an Arrow table with an integer row id, never
-keys glued into strings) against the feature table pruned to the spine's time range, ordered
-back by row id: no Python loop per row, duplicate spine rows all answered.
+keys glued into strings) against the feature's segments pruned to the spine's time range,
+ordered back by row id: no Python loop per row, duplicate spine rows all answered.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
+import shutil
+import tempfile
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+import time
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import numpy as np
@@ -43,30 +54,30 @@ from kairos.stores.offline.base import (
     table_name,
     ttl_of,
 )
-
-_CATALOG = """
-create table if not exists kairos_offline_segments (
-    table_name varchar primary key,
-    namespace varchar not null,
-    key_kind varchar not null,
-    ties boolean not null default false -- ever two events of one (key, observed_at)
-);
-create table if not exists kairos_offline_columns (
-    namespace varchar not null,
-    feature varchar not null,
-    table_name varchar not null,
-    column_name varchar not null,
-    value_kind varchar not null,
-    primary key (namespace, feature, table_name)
+from kairos.stores.offline.segments import (
+    _STORED_TYPES,
+    Layout,
+    Listing,
+    Segment,
+    TableInfo,
+    _flock,
 )
-"""
 
-# Among events of the latest observed_at <= ts, the one inserted last wins (rowid breaks an
-# exact tie: the later write). DuckDB's as-of picks an arbitrary one among equal observed_at, so
-# a segment that has ever held two events of one (key, observed_at), or a feature spread over
-# several segments, is joined on the struct (observed_at, inserted_at, rowid), which costs
-# about twice the plain join; a null ts is -infinity there so it matches nothing (a struct with
-# a null field compares as largest).
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MERGE_AT = 16  # this many small segments in a table are merged into one
+SMALL_SEGMENT = 8 << 20  # bytes: a segment under this size is small
+_COMPLETE = ".complete"  # in a migrating folder: every table was exported
+_READ_ATTEMPTS = 4  # a read that meets a segment merged away lists the files again
+
+# Among events of the latest observed_at <= ts, the one inserted last wins (seq, then the row's
+# place in its segment, breaks an exact tie: the later write). DuckDB's as-of picks an arbitrary
+# one among equal observed_at, so a table that has ever held two events of one (key,
+# observed_at), or a feature spread over several tables, is joined on the struct (observed_at,
+# inserted_at, seq, row), which costs about twice the plain join; a null ts is -infinity there
+# so it matches nothing (a struct with a null field compares as largest).
 _ASOF = """
 select {values}
 from kairos_spine as spine
@@ -79,33 +90,32 @@ asof left join (
     and {inequality}
 order by spine.row_id
 """
-_VERSION = ", (observed_at, inserted_at, rowid) as version"
+_VERSION = ", (observed_at, inserted_at, seq, row_number) as version"
 _PLAIN = "spine.ts >= event.observed_at"
 _TIE_BREAKING = """(coalesce(spine.ts, '-infinity'::timestamptz), 'infinity'::timestamptz,
-         9223372036854775807::bigint) >= event.version"""
+         9223372036854775807::bigint, 9223372036854775807::bigint) >= event.version"""
+# one table's segments; file_row_number (a row's place in its segment) only where ties are
+# broken: asking for it costs the scan its parallelism
+_SEGMENTS = (
+    "(select *, file_row_number as row_number from read_parquet(${files}, "
+    "hive_partitioning = false, file_row_number = true))"
+)
+_SEGMENTS_PLAIN = "read_parquet(${files}, hive_partitioning = false)"
 
-# Does this write give some (key, observed_at) a second event?
-_TIES = """
-select 1 from {table} as stored
+# Does this write give a (key, observed_at) a second event? (a small batch: asked in Python)
+_SMALL_BATCH = 4096
+_TIES_IN_BATCH = "select 1 from kairos_batch group by key, observed_at having count(*) > 1 limit 1"
+_TIES_WITH_STORED = """
+select 1 from read_parquet($files, hive_partitioning = false) as stored
 semi join kairos_batch as batch
     on stored.key = batch.key and stored.observed_at = batch.observed_at
-group by stored.key, stored.observed_at having count(*) > 1 limit 1
+where stored.observed_at between $earliest and $latest
+limit 1
 """
 
 
 def _quoted(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
-
-
-@dataclass(frozen=True)
-class _Segment:
-    """One table of events: a key, observed_at, inserted_at and one column per feature."""
-
-    table: str
-    namespace: str
-    key_kind: str
-    columns: Mapping[str, tuple[str, str]]  # feature -> (column, value kind)
-    ties: bool
 
 
 def _segment_table(namespace: str, features: Sequence[str]) -> str:
@@ -117,11 +127,26 @@ def _segment_columns(features: Sequence[str]) -> list[str]:
     return ["value"] if len(features) == 1 else [f"v{i}" for i in range(len(features))]
 
 
-class DuckDBOfflineStore(OneFeatureWrites):
-    """Offline store in one DuckDB file (`:memory:` for a throwaway one); the folder is created.
+def _stored_sql(kind: str) -> str:
+    """The DuckDB type a segment's column of this value kind reads as."""
+    if kind == "timedelta":
+        return "BIGINT"
+    return "VARCHAR" if _VALUE_TYPES[kind][0] == "JSON" else _VALUE_TYPES[kind][0]
 
-    DuckDB lets one process write a file, so a store owns its connection (and its catalog, kept
-    in memory); writes take a lock, reads run on their own cursor and may overlap.
+
+def _readable(column: pa.ChunkedArray | pa.Array, kind: str) -> pa.Array:
+    """A column as read back, in the Arrow type of its value kind."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if kind == "timedelta":
+        return column.cast(pa.int64()).view(pa.duration("us"))
+    return column.cast(_VALUE_TYPES[kind][1])
+
+
+class DuckDBOfflineStore(OneFeatureWrites):
+    """Offline store in a folder of Parquet segments (`:memory:` for a throwaway one, in a
+    temporary folder removed on close); the folder is created. Any number of processes and
+    threads may write and read one store at once.
 
     >>> store = DuckDBOfflineStore(":memory:")
     >>> from datetime import UTC
@@ -134,27 +159,23 @@ class DuckDBOfflineStore(OneFeatureWrites):
 
     def __init__(self, path: str | Path = ".kairos/offline.duckdb") -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._scratch: Path | None = None
+        if self.path == ":memory:":
+            self._scratch = Path(tempfile.mkdtemp(prefix="kairos-offline-"))
+            root = self._scratch
+        else:
+            root = _opened_root(Path(self.path))
+        self._layout = Layout(root)
         try:
-            connection = duckdb.connect(self.path)
+            connection = duckdb.connect(":memory:")
+            connection.execute("set global TimeZone = 'UTC'")  # every cursor's too
+            connection.execute("set parquet_metadata_cache = true")  # segments never change
+            connection.execute("set temp_directory = $folder", {"folder": str(root / ".spill")})
         except duckdb.Error as error:
-            raise KairosError(
-                f"cannot open offline store {self.path!r}: {error} (DuckDB lets one process "
-                "write a file: close the other store or use a copy)"
-            ) from None
-        try:
-            connection.execute("set TimeZone = 'UTC'")
-            connection.execute(_CATALOG)
-            _migrate_catalog(connection)
-        except duckdb.Error as error:
-            connection.close()
             raise KairosError(f"cannot open offline store {self.path!r}: {error}") from None
         self._connection: duckdb.DuckDBPyConnection | None = connection
         self._lock = threading.Lock()
         self._clock = InsertionClock()
-        self._segments: dict[str, _Segment] = {}
-        self._load_catalog(connection)
 
     def __repr__(self) -> str:
         return f"DuckDBOfflineStore({self.path!r})"
@@ -170,7 +191,7 @@ class DuckDBOfflineStore(OneFeatureWrites):
     ) -> None:
         """Append events of several features at once, `values[feature][i]` for event i, into
         one table (created for this set of features on its first write), so an as-of read of
-        them all is one join.
+        them all is one join. The write is one segment: whole or absent.
 
         >>> store = DuckDBOfflineStore(":memory:")
         >>> from datetime import UTC
@@ -185,57 +206,42 @@ class DuckDBOfflineStore(OneFeatureWrites):
         batch_in = checked_batch(namespace, key_type, keys, observed_at, values, inserted_at)
         features = sorted(batch_in.values)
         names = ", ".join(f"{namespace}.{feature}" for feature in features)
-        with self._lock:
-            connection = self._live()
-            inserted_at = self._clock.stamp(inserted_at)
-            count = len(batch_in.keys)
-            if not count:
-                return
-            columns = _segment_columns(features)
-            batch = pa.table(
-                {
-                    "key": batch_in.keys,
-                    "observed_at": batch_in.observed_at,
-                    "inserted_at": pa.array(
-                        np.full(count, codec.to_micros(inserted_at), dtype=np.int64)
-                    ).view(TIMESTAMP),
-                    **{
-                        column: batch_in.values[feature][1]
-                        for column, feature in zip(columns, features, strict=True)
-                    },
-                }
-            )
-            try:
-                connection.execute("begin transaction")
-                segment = self._ensure_segment(connection, batch_in, features)
-                listed = ", ".join(["key", "observed_at", "inserted_at", *columns])
-                connection.register("kairos_batch", batch)
-                try:
-                    connection.execute(
-                        f"insert into {_quoted(segment.table)} ({listed}) "
-                        f"select {listed} from kairos_batch"
-                    )
-                    if (
-                        not segment.ties
-                        and connection.execute(
-                            _TIES.format(table=_quoted(segment.table))
-                        ).fetchall()
-                    ):
-                        connection.execute(
-                            "update kairos_offline_segments set ties = true where table_name = ?",
-                            [segment.table],
-                        )
-                        segment = replace(segment, ties=True)
-                finally:
-                    connection.unregister("kairos_batch")
-                connection.execute("commit")
-            except BaseException as error:
-                connection.execute("rollback")
-                self._load_catalog(connection)
-                if isinstance(error, duckdb.Error):
-                    raise KairosError(f"{self!r}: cannot write {names!r}: {error}") from None
-                raise
-            self._segments[segment.table] = segment  # what was committed: no catalog re-read
+        self._live()
+        count = len(batch_in.keys)
+        if not count:
+            return
+        try:
+            info = self._table_for(batch_in, features)
+            with self._layout.table_lock(info.table):
+                listing = self._layout.listing(info.table)
+                with self._lock:  # stamped under the table's lock: later writes stamp later
+                    stamped = self._clock.stamp(inserted_at)
+                seq = listing.seq + 1
+                batch = pa.table(
+                    {
+                        "key": batch_in.keys,
+                        "observed_at": batch_in.observed_at,
+                        "inserted_at": pa.array(
+                            np.full(count, codec.to_micros(stamped), dtype=np.int64)
+                        ).view(TIMESTAMP),
+                        "seq": pa.array(np.full(count, seq, dtype=np.int64)),
+                        **{
+                            info.columns[feature][0]: _stored(*batch_in.values[feature])
+                            for feature in features
+                        },
+                    }
+                )
+                observed = batch.column("observed_at").cast(pa.int64())
+                span = (pc.min(observed).as_py(), pc.max(observed).as_py())
+                if not listing.ties and self._brings_ties(listing, batch, span):
+                    self._layout.mark_ties(info.table)
+                self._layout.add(info, (seq, seq), span, batch.to_batches())
+                if len(listing.segments) + 1 >= MERGE_AT:
+                    self._merge_small(info)
+        except duckdb.Error as error:
+            raise KairosError(f"{self!r}: cannot write {names!r}: {error}") from None
+        except OSError as error:
+            raise KairosError(f"{self!r}: cannot write {names!r}: {error}") from None
 
     def asof(
         self,
@@ -273,14 +279,16 @@ class DuckDBOfflineStore(OneFeatureWrites):
                     "or None"
                 )
         time_column = _times(times, f"{names} times")
+        self._live()
         found: dict[str, pa.Array] = {}
         # tables -> features read in one join (a feature held by several tables: alone)
         groups: dict[tuple[str, ...], tuple[tuple[str, ...], list[str]]] = {}
-        with self._lock:
-            segments = list(self._segments.values())
+        tables = self._tables()
         for feature in dict.fromkeys(features):
             holding = tuple(
-                s.table for s in segments if s.namespace == namespace and feature in s.columns
+                t.table
+                for t in tables.values()
+                if t.namespace == namespace and feature in t.columns
             )
             if not holding:
                 found[feature] = pa.nulls(len(time_column))
@@ -289,13 +297,11 @@ class DuckDBOfflineStore(OneFeatureWrites):
                 groups.setdefault(shared, (holding, []))[1].append(feature)
         if not groups:
             return found
-        by_table = {s.table: s for s in segments}
         spines: dict[str, pa.Table] = {}
-        cursor = self._cursor()
         try:
-            for tables, together in groups.values():
-                held = [by_table[t] for t in tables]
-                key_kind = held[0].key_kind
+            for held, together in groups.values():
+                infos = [tables[t] for t in held]
+                key_kind = infos[0].key_kind
                 if key_kind not in spines:
                     spines[key_kind] = pa.table(
                         {
@@ -304,11 +310,12 @@ class DuckDBOfflineStore(OneFeatureWrites):
                             "ts": time_column,
                         }
                     )
-                found.update(self._asof_group(cursor, spines[key_kind], held, together, ttl))
+                read = functools.partial(
+                    self._asof_group, spines[key_kind], infos, group=together, ttl=ttl
+                )
+                found.update(self._reading(held, read))
         except duckdb.Error as error:
             raise KairosError(f"{self!r}: cannot read {names!r}: {error}") from None
-        finally:
-            cursor.close()
         return found
 
     def latest_rows(self, namespace: str, features: Sequence[str]) -> pa.Table:
@@ -325,70 +332,54 @@ class DuckDBOfflineStore(OneFeatureWrites):
         [7]
         >>> store.close()
         """
+        return self.changed_rows(namespace, features, {})[0]
+
+    def changed_rows(
+        self, namespace: str, features: Sequence[str], after: Mapping[str, int]
+    ) -> tuple[pa.Table, dict[str, int]]:
+        """`latest_rows` of only the rows written after `after` (a position this returned
+        before; `{}` for every row), in the order they were written, and the position to ask
+        from next time. A follower of the store (a window index in another process) reads
+        what others wrote with it; when nothing was written it costs a few directory listings.
+
+        >>> store = DuckDBOfflineStore(":memory:")
+        >>> from datetime import UTC
+        >>> t = datetime(2026, 1, 1, tzinfo=UTC)
+        >>> write = lambda key: store.write("txn", "at", ValueType("datetime"),
+        ...     ValueType("str"), [key], [t], [t])
+        >>> write("t1")
+        >>> rows, position = store.changed_rows("txn", ["at"], {})
+        >>> write("t2")
+        >>> store.changed_rows("txn", ["at"], position)[0].column("key").to_pylist()
+        ['t2']
+        >>> store.close()
+        """
         if not features:
             raise InvalidInput(f"latest rows of {namespace!r}: name at least one feature")
-        with self._lock:
-            held = [
-                s
-                for s in self._segments.values()
-                if s.namespace == namespace and features[0] in s.columns
-            ]
+        self._live()
+        held = [
+            t
+            for t in self._tables().values()
+            if t.namespace == namespace and features[0] in t.columns
+        ]
         kinds: dict[str, str] = {}
-        for segment in held:
+        for info in held:
             for feature in features:
-                if feature in segment.columns:
-                    kinds.setdefault(feature, segment.columns[feature][1])
-        if not held:
-            return pa.table(
-                {"key": pa.array([], pa.string())}
-                | {f: pa.array([], _VALUE_TYPES[kinds.get(f, "str")][1]) for f in features}
-            )
-        stored = [f for f in features if f in kinds]
-        branches = []
-        for segment in held:
-            columns = [
-                f"{_quoted(segment.columns[f][0])} as c{i}"
-                if f in segment.columns
-                else f"cast(null as {_VALUE_TYPES[kinds[f]][0]}) as c{i}"
-                for i, f in enumerate(stored)
-            ]
-            branches.append(
-                f"select key, inserted_at, rowid as row_number, {', '.join(columns)} "
-                f"from {_quoted(segment.table)}"
-            )
-        selected = ", ".join(
-            f"epoch_us(c{i}) as c{i}" if kinds[f] == "timedelta" else f"c{i}"
-            for i, f in enumerate(stored)
-        )
-        sql = (
-            f"select key, {selected} from ({' union all '.join(branches)}) "
-            "qualify row_number() over (partition by key order by inserted_at desc, "
-            "row_number desc) = 1 order by key"
-        )
-        cursor = self._cursor()
+                if feature in info.columns:
+                    kinds.setdefault(feature, info.columns[feature][1])
         try:
-            result = cursor.sql(sql).to_arrow_table()
+            return self._reading(
+                [t.table for t in held],
+                lambda listings: self._latest(namespace, features, held, kinds, listings, after),
+            )
         except duckdb.Error as error:
             raise KairosError(f"{self!r}: cannot read events of {namespace!r}: {error}") from None
-        finally:
-            cursor.close()
-        read: dict[str, Any] = {"key": result.column(0)}
-        for feature in features:
-            if feature not in kinds:
-                read[feature] = pa.nulls(result.num_rows)
-                continue
-            column = result.column(1 + stored.index(feature)).combine_chunks()
-            if kinds[feature] == "timedelta":
-                column = column.cast(pa.int64()).view(pa.duration("us"))
-            read[feature] = column
-        return pa.table(read)
 
     def value_kind(self, namespace: str, feature: str) -> str | None:
         """The value kind a feature was written with (`int`, `list`...), None if never written."""
-        with self._lock:
-            for segment in self._segments.values():
-                if segment.namespace == namespace and feature in segment.columns:
-                    return segment.columns[feature][1]
+        for info in self._tables().values():
+            if info.namespace == namespace and feature in info.columns:
+                return info.columns[feature][1]
         return None
 
     def close(self) -> None:
@@ -396,6 +387,9 @@ class DuckDBOfflineStore(OneFeatureWrites):
             connection, self._connection = self._connection, None
             if connection is not None:
                 connection.close()
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+                self._scratch = None
 
     # --- internals ------------------------------------------------------------------------
 
@@ -406,15 +400,142 @@ class DuckDBOfflineStore(OneFeatureWrites):
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
-            cursor = self._live().cursor()
-        cursor.execute("set TimeZone = 'UTC'")
-        return cursor
+            return self._live().cursor()
+
+    def _tables(self) -> dict[str, TableInfo]:
+        with self._lock:
+            return self._layout.tables()
+
+    def _reading(self, tables: Sequence[str], read: Callable[[dict[str, Listing]], T]) -> T:
+        """`read` over the tables' segments as listed now, listed and read again when a
+        segment was merged away between the listing and the read."""
+        for attempt in range(_READ_ATTEMPTS):
+            listings = {}
+            for table in tables:
+                listings[table] = self._layout.listing(table)
+            try:
+                return read(listings)
+            except duckdb.IOException:
+                if attempt + 1 == _READ_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _table_for(self, batch: CheckedBatch, features: list[str]) -> TableInfo:
+        """The table holding exactly `features` of `batch.namespace`, created if need be, after
+        checking each feature is written with the types it was first written with."""
+        found = self._checked(self._tables(), batch, features)
+        if found is not None:
+            return found
+        with self._layout.store_lock():  # one process at a time makes tables
+            found = self._checked(self._tables(), batch, features)
+            if found is not None:
+                return found
+            columns = _segment_columns(features)
+            info = TableInfo(
+                _segment_table(batch.namespace, features),
+                batch.namespace,
+                batch.key_kind,
+                {
+                    feature: (column, batch.values[feature][0])
+                    for column, feature in zip(columns, features, strict=True)
+                },
+                time.time_ns(),
+            )
+            with self._lock:
+                return self._layout.create(info)
+
+    def _checked(
+        self, tables: Mapping[str, TableInfo], batch: CheckedBatch, features: list[str]
+    ) -> TableInfo | None:
+        namespace, key_kind = batch.namespace, batch.key_kind
+        wanted = set(features)
+        found = None
+        for info in tables.values():
+            if info.namespace != namespace:
+                continue
+            for feature in wanted & set(info.columns):
+                stored_value = info.columns[feature][1]
+                value_kind = batch.values[feature][0]
+                if (_VALUE_TYPES[stored_value][0], info.key_kind) != (
+                    _VALUE_TYPES[value_kind][0],
+                    key_kind,
+                ):
+                    raise InvalidValue(
+                        f"write of '{namespace}.{feature}': it is stored with {stored_value} "
+                        f"values and {info.key_kind} keys, not {value_kind} values and "
+                        f"{key_kind} keys; write it with the types it was first written with"
+                    )
+            if found is None and set(info.columns) == wanted:
+                found = info
+        return found
+
+    def _brings_ties(self, listing: Listing, batch: pa.Table, span: tuple[int, int]) -> bool:
+        """Whether `batch` (its rows observed in `span`) holds two events of one (key,
+        observed_at), or one a stored segment holds too."""
+        pairs = batch.select(["key", "observed_at"])
+        if pairs.num_rows <= _SMALL_BATCH:  # a Python set beats starting a query this small
+            keys = pairs.column("key").to_pylist()
+            times = pairs.column("observed_at").cast(pa.int64()).to_pylist()
+            if len(set(zip(keys, times, strict=True))) < pairs.num_rows:
+                return True
+        overlapping = [
+            s.path for s in listing.segments if s.earliest <= span[1] and s.latest >= span[0]
+        ]
+        if not overlapping and pairs.num_rows <= _SMALL_BATCH:
+            return False  # the usual case for new events: later than every stored one
+        observed = pairs.column("observed_at")
+        cursor = self._cursor()
+        try:
+            cursor.register("kairos_batch", pairs)
+            if pairs.num_rows > _SMALL_BATCH and cursor.sql(_TIES_IN_BATCH).fetchall():
+                return True
+            if not overlapping:
+                return False
+            return bool(
+                cursor.sql(
+                    _TIES_WITH_STORED,
+                    params={
+                        "files": overlapping,
+                        "earliest": pc.min(observed).as_py(),
+                        "latest": pc.max(observed).as_py(),
+                    },
+                ).fetchall()
+            )
+        finally:
+            cursor.close()
+
+    def _merge_small(self, info: TableInfo) -> None:
+        """Merge the table's small segments into one, once there are `MERGE_AT` of them; hold
+        the table's lock. Rows keep their seq and, within it, their order."""
+        listing = self._layout.listing(info.table)
+        sizes = self._layout.sizes(listing)
+        small: list[Segment] = []  # the newest segments, while they are small
+        for segment in reversed(listing.segments):
+            if sizes.get(segment.path, SMALL_SEGMENT) >= SMALL_SEGMENT:
+                break
+            small.insert(0, segment)
+        if len(small) < MERGE_AT:
+            return
+        listed = ", ".join(_quoted(column) for column in info.schema().names)
+        cursor = self._cursor()
+        try:
+            reader = cursor.sql(
+                f"select {listed} from read_parquet($files, hive_partitioning = false, "
+                "file_row_number = true) order by seq, file_row_number",
+                params={"files": [s.path for s in small]},
+            ).to_arrow_reader(65536)
+            span = (min(s.earliest for s in small), max(s.latest for s in small))
+            self._layout.add(info, (small[0].first, small[-1].seq), span, reader)
+        finally:
+            cursor.close()
+        self._layout.remove(info.table, [s.path for s in small])
 
     def _asof_group(
         self,
-        cursor: duckdb.DuckDBPyConnection,
         spine: pa.Table,
-        held: list[_Segment],
+        held: list[TableInfo],
+        listings: Mapping[str, Listing],
+        *,
         group: list[str],
         ttl: TTLs,
     ) -> dict[str, pa.Array]:
@@ -430,8 +551,6 @@ class DuckDBOfflineStore(OneFeatureWrites):
         values = []
         for index, feature in enumerate(group):
             value = f"event.c{index}"
-            if kinds[feature] == "timedelta":
-                value = f"epoch_us({value})"
             limit = ttl_of(ttl, feature)
             if limit is not None:
                 value = f"case when event.observed_at > spine.ts - $ttl{index} then {value} end"
@@ -445,135 +564,254 @@ class DuckDBOfflineStore(OneFeatureWrites):
                 lower_bound = " and observed_at > $min_ts"
             except OverflowError:  # a ttl reaching before year 1 prunes nothing
                 pass
-        if len(held) == 1:
-            segment = held[0]
-            columns = [
-                f"{_quoted(segment.columns[feature][0])} as c{i}" for i, feature in enumerate(group)
+        # the segments holding rows the join can use: observed by the spine's last time, and
+        # (with ttls) after its first time less the longest ttl
+        until = codec.to_micros(latest)
+        since = codec.to_micros(parameters["min_ts"]) if "min_ts" in parameters else None
+        files: dict[str, list[str]] = {}
+        for info in held:
+            kept = [
+                s.path
+                for s in listings[info.table].segments
+                if s.earliest <= until and (since is None or s.latest > since)
             ]
-            events, version = _quoted(segment.table), _VERSION
-            ties = segment.ties
+            if kept:
+                files[info.table] = kept
+        held = [info for info in held if info.table in files]
+        if not held:
+            return {f: pa.nulls(rows, _VALUE_TYPES[kinds[f]][1]) for f in group}
+        for index, info in enumerate(held):
+            parameters[f"files{index}"] = files[info.table]
+        if len(held) == 1:
+            info = held[0]
+            columns = [
+                f"{_quoted(info.columns[feature][0])} as c{i}" for i, feature in enumerate(group)
+            ]
+            ties = listings[info.table].ties
+            events = (_SEGMENTS if ties else _SEGMENTS_PLAIN).format(files="files0")
         else:  # one feature over several tables: inserted_at orders writes across them
             feature = group[0]
             events = (
                 "("
                 + " union all ".join(
-                    f"select key, observed_at, inserted_at, rowid as row_number, "
-                    f"{_quoted(s.columns[feature][0])} as c0 from {_quoted(s.table)}"
-                    for s in held
+                    f"select key, observed_at, inserted_at, seq, row_number, "
+                    f"{_quoted(info.columns[feature][0])} as c0 "
+                    f"from {_SEGMENTS.format(files=f'files{index}')}"
+                    for index, info in enumerate(held)
                 )
                 + ")"
             )
             columns = ["c0"]
-            version = ", (observed_at, inserted_at, row_number) as version"
             ties = True
         sql = _ASOF.format(
             values=", ".join(values),
             columns=", ".join(columns),
-            version=version if ties else "",
+            version=_VERSION if ties else "",
             events=events,
             lower_bound=lower_bound,
             inequality=_TIE_BREAKING if ties else _PLAIN,
         )
-        cursor.register("kairos_spine", spine)
+        cursor = self._cursor()
+        try:
+            cursor.register("kairos_spine", spine)
+            result = cursor.sql(sql, params=parameters).to_arrow_table()
+        finally:
+            cursor.close()
+        return {
+            feature: _readable(result.column(index), kinds[feature])
+            for index, feature in enumerate(group)
+        }
+
+    def _nothing(
+        self, held: list[TableInfo], features: Sequence[str], kinds: Mapping[str, str]
+    ) -> pa.Table:
+        key_kind = held[0].key_kind if held else "str"
+        return _no_rows(key_kind, tuple((f, kinds.get(f, "str")) for f in features))
+
+    def _latest(
+        self,
+        namespace: str,
+        features: Sequence[str],
+        held: list[TableInfo],
+        kinds: Mapping[str, str],
+        listings: Mapping[str, Listing],
+        after: Mapping[str, int],
+    ) -> tuple[pa.Table, dict[str, int]]:
+        position = {**after, **{info.table: listings[info.table].seq for info in held}}
+        if after and all(listings[info.table].seq <= after.get(info.table, 0) for info in held):
+            return self._nothing(held, features, kinds), position  # a follower's usual answer
+        stored = [f for f in features if f in kinds]
+        branches = []
+        parameters: dict[str, Any] = {}
+        for index, info in enumerate(held):
+            since = after.get(info.table, 0)
+            files = [s.path for s in listings[info.table].segments if s.seq > since]
+            if not files:
+                continue
+            columns = [
+                f"{_quoted(info.columns[f][0])} as c{i}"
+                if f in info.columns
+                else f"cast(null as {_stored_sql(kinds[f])}) as c{i}"
+                for i, f in enumerate(stored)
+            ]
+            parameters[f"files{index}"] = files
+            parameters[f"after{index}"] = since
+            branches.append(
+                f"select key, inserted_at, seq, row_number, {', '.join(columns)} "
+                f"from {_SEGMENTS.format(files=f'files{index}')} where seq > $after{index}"
+            )
+        if not branches:
+            return self._nothing(held, features, kinds), position
+        selected = ", ".join(f"c{i}" for i in range(len(stored)))
+        order = "key" if not after else "inserted_at, seq, row_number"
+        sql = (
+            f"select key, {selected} from ({' union all '.join(branches)}) "
+            "qualify row_number() over (partition by key order by inserted_at desc, "
+            f"seq desc, row_number desc) = 1 order by {order}"
+        )
+        cursor = self._cursor()
         try:
             result = cursor.sql(sql, params=parameters).to_arrow_table()
         finally:
-            cursor.unregister("kairos_spine")
-        found = {}
-        for index, feature in enumerate(group):
-            column = result.column(index).combine_chunks()
-            if kinds[feature] == "timedelta":
-                found[feature] = column.cast(pa.int64()).view(pa.duration("us"))
+            cursor.close()
+        read: dict[str, Any] = {"key": result.column(0)}
+        for feature in features:
+            if feature not in kinds:
+                read[feature] = pa.nulls(result.num_rows)
             else:
-                found[feature] = column.cast(_VALUE_TYPES[kinds[feature]][1])
-        return found
+                read[feature] = _readable(result.column(1 + stored.index(feature)), kinds[feature])
+        return pa.table(read), position
 
-    def _load_catalog(self, connection: duckdb.DuckDBPyConnection) -> None:
+
+@functools.lru_cache(maxsize=256)
+def _no_rows(key_kind: str, features: tuple[tuple[str, str], ...]) -> pa.Table:
+    """An empty table of `key` and each (feature, value kind)."""
+    return pa.table(
+        {"key": pa.array([], _KEY_TYPES[key_kind][1])}
+        | {feature: pa.array([], _VALUE_TYPES[kind][1]) for feature, kind in features}
+    )
+
+
+def _stored(kind: str, values: pa.Array) -> pa.Array:
+    """A checked column as a segment keeps it."""
+    if kind == "timedelta":
+        return values.cast(pa.int64())
+    return values.cast(_STORED_TYPES[kind])
+
+
+# --- a store from before segments: one DuckDB file ---------------------------------------
+
+
+def _opened_root(path: Path) -> Path:
+    """The store's folder at `path`. An older store, one DuckDB file at `path`, is moved into
+    segments first: exported to `<name>.migrating`, the file renamed to `<name>.old`, the
+    folder renamed into place; a crash at any step leaves the file or the finished folder."""
+    staging = path.with_name(path.name + ".migrating")
+    if path.is_dir() or not (path.exists() or staging.exists()):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _flock(path.with_name(f".{path.name}.lock")):
+        if path.is_dir():
+            return path  # another process migrated it while this one waited
+        if not path.exists():
+            if (staging / _COMPLETE).exists():
+                os.rename(staging, path)  # a crash after the file was moved away
+                (path / _COMPLETE).unlink()
+            else:
+                shutil.rmtree(staging, ignore_errors=True)
+            return path
+        shutil.rmtree(staging, ignore_errors=True)  # a crash mid-export: export again
+        _export(path, staging)
+        old = path.with_name(path.name + ".old")
+        if old.exists():
+            old = path.with_name(f"{path.name}.old-{time.strftime('%Y%m%dT%H%M%S')}")
+        os.rename(path, old)
+        wal = path.with_name(path.name + ".wal")
+        if wal.exists():
+            os.rename(wal, old.with_name(old.name + ".wal"))
+        os.rename(staging, path)
+        (path / _COMPLETE).unlink()
+    logger.warning("offline store %s moved into Parquet segments; the old file is %s", path, old)
+    return path
+
+
+def _export(path: Path, staging: Path) -> None:
+    """Every table of the DuckDB file at `path` as one segment each in a new store folder."""
+    try:
+        connection = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error as error:
+        raise KairosError(
+            f"cannot open the offline store file {str(path)!r} to move it into segments: "
+            f"{error} (stop the process that holds it, e.g. an older kairos serve)"
+        ) from None
+    layout = Layout(staging)
+    try:
+        connection.execute("set TimeZone = 'UTC'")
+        for order, (table, namespace, key_kind, columns, ties) in enumerate(
+            _old_catalog(connection)
+        ):
+            info = layout.create(TableInfo(table, namespace, key_kind, columns, order))
+            listed = ["key", "observed_at", "inserted_at", "1::bigint as seq"]
+            for column, kind in columns.values():
+                if kind == "timedelta":
+                    listed.append(f"epoch_us({_quoted(column)}) as {_quoted(column)}")
+                else:
+                    listed.append(f"{_quoted(column)}::{_stored_sql(kind)} as {_quoted(column)}")
+            if ties:
+                layout.mark_ties(table)
+            count, earliest, latest = connection.sql(
+                f"select count(*), epoch_us(min(observed_at)), epoch_us(max(observed_at)) "
+                f"from {_quoted(table)}"
+            ).fetchall()[0]
+            if not count:
+                continue
+            reader = connection.sql(
+                f"select {', '.join(listed)} from {_quoted(table)} order by rowid"
+            ).to_arrow_reader(65536)
+            layout.add(info, (1, 1), (int(earliest), int(latest)), reader)
+    except duckdb.Error as error:
+        raise KairosError(f"cannot move the offline store {str(path)!r}: {error}") from None
+    finally:
+        connection.close()
+    (staging / _COMPLETE).touch()
+
+
+def _old_catalog(
+    connection: duckdb.DuckDBPyConnection,
+) -> list[tuple[str, str, str, dict[str, tuple[str, str]], bool]]:
+    """(table, namespace, key kind, feature -> (column, value kind), ties) of each table, from
+    either catalog a DuckDB file had: one table per feature, or per set of features."""
+    present = {
+        str(name)
+        for (name,) in connection.execute(
+            "select table_name from information_schema.tables"
+        ).fetchall()
+    }
+    found: list[tuple[str, str, str, dict[str, tuple[str, str]], bool]] = []
+    if "kairos_offline_features" in present:
+        for namespace, feature, table, kind, key_kind, ties in connection.execute(
+            "select namespace, feature, table_name, value_kind, key_kind, ties "
+            "from kairos_offline_features"
+        ).fetchall():
+            found.append(
+                (
+                    str(table),
+                    str(namespace),
+                    str(key_kind),
+                    {str(feature): ("value", str(kind))},
+                    bool(ties),
+                )
+            )
+    if "kairos_offline_segments" in present:
         columns: dict[str, dict[str, tuple[str, str]]] = {}
         for table, feature, column, kind in connection.execute(
             "select table_name, feature, column_name, value_kind from kairos_offline_columns"
         ).fetchall():
             columns.setdefault(str(table), {})[str(feature)] = (str(column), str(kind))
-        self._segments = {
-            str(table): _Segment(
-                str(table), str(namespace), str(key_kind), columns.get(str(table), {}), bool(ties)
+        for table, namespace, key_kind, ties in connection.execute(
+            "select table_name, namespace, key_kind, ties from kairos_offline_segments"
+        ).fetchall():
+            found.append(
+                (str(table), str(namespace), str(key_kind), columns.get(str(table), {}), bool(ties))
             )
-            for table, namespace, key_kind, ties in connection.execute(
-                "select table_name, namespace, key_kind, ties from kairos_offline_segments"
-            ).fetchall()
-        }
-
-    def _ensure_segment(
-        self, connection: duckdb.DuckDBPyConnection, batch: CheckedBatch, features: list[str]
-    ) -> _Segment:
-        """The table holding exactly `features` of `batch.namespace`, created if need be, after
-        checking each feature is written with the types it was first written with."""
-        namespace, key_kind = batch.namespace, batch.key_kind
-        wanted = set(features)
-        for segment in self._segments.values():
-            if segment.namespace != namespace:
-                continue
-            for feature in wanted & set(segment.columns):
-                stored_value = segment.columns[feature][1]
-                value_kind = batch.values[feature][0]
-                if (_VALUE_TYPES[stored_value][0], segment.key_kind) != (
-                    _VALUE_TYPES[value_kind][0],
-                    key_kind,
-                ):
-                    raise InvalidValue(
-                        f"write of '{namespace}.{feature}': it is stored with {stored_value} "
-                        f"values and {segment.key_kind} keys, not {value_kind} values and "
-                        f"{key_kind} keys; write it with the types it was first written with"
-                    )
-            if set(segment.columns) == wanted:
-                return segment
-        table = _segment_table(namespace, features)
-        columns = _segment_columns(features)
-        typed = ", ".join(
-            f"{column} {_VALUE_TYPES[batch.values[feature][0]][0]}"
-            for column, feature in zip(columns, features, strict=True)
-        )
-        connection.execute(
-            f"create table {_quoted(table)} (key {_KEY_TYPES[key_kind][0]}, "
-            f"observed_at TIMESTAMPTZ not null, inserted_at TIMESTAMPTZ not null, {typed})"
-        )
-        connection.execute(
-            "insert into kairos_offline_segments values (?, ?, ?, false)",
-            [table, namespace, key_kind],
-        )
-        for column, feature in zip(columns, features, strict=True):
-            connection.execute(
-                "insert into kairos_offline_columns values (?, ?, ?, ?, ?)",
-                [namespace, feature, table, column, batch.values[feature][0]],
-            )
-        return _Segment(
-            table,
-            namespace,
-            key_kind,
-            {
-                feature: (column, batch.values[feature][0])
-                for column, feature in zip(columns, features, strict=True)
-            },
-            False,
-        )
-
-
-def _migrate_catalog(connection: duckdb.DuckDBPyConnection) -> None:
-    """A file from before tables held several features: one catalog row per feature becomes a
-    one-feature table in the new catalog; the tables themselves are kept as they are."""
-    old = connection.execute(
-        "select 1 from information_schema.tables where table_name = 'kairos_offline_features'"
-    ).fetchall()
-    if not old:
-        return
-    connection.execute("begin transaction")
-    connection.execute(
-        "insert into kairos_offline_segments select table_name, namespace, key_kind, ties "
-        "from kairos_offline_features"
-    )
-    connection.execute(
-        "insert into kairos_offline_columns select namespace, feature, table_name, 'value', "
-        "value_kind from kairos_offline_features"
-    )
-    connection.execute("drop table kairos_offline_features")
-    connection.execute("commit")
+    return found

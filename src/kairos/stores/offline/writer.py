@@ -23,7 +23,7 @@ class OfflineWriter:
     """Buffers observations and writes them to an `OfflineStore` from one background thread.
 
     `open_store` is called on the first write, so a process that never computes anything
-    (a CLI reading the log while the server runs) never takes the store's file."""
+    (a CLI reading the log) never opens the store."""
 
     def __init__(
         self,
@@ -95,7 +95,7 @@ class OfflineWriter:
     def _write(self, batch: list[Observation]) -> None:
         try:
             store = self.open_store()
-        except Exception as error:  # e.g. another process holds the DuckDB file
+        except Exception as error:  # e.g. a PostgreSQL store that is down
             self.dropped += len(batch)
             logger.warning("offline store unavailable, %d values not kept: %s", len(batch), error)
             return
