@@ -281,6 +281,93 @@ def test_a_nats_read_of_an_empty_stream_is_empty_every_time() -> None:
     assert asyncio.run(reads()) == [0] * 300
 
 
+def nats_stream_of(subject: str, **extra: Any) -> Any:
+    spec = {"kind": "nats", "url": NATS_URL, "stream": subject, "events": "payment",
+            "group": "kairos-test", "claim_after": 1, **extra}  # fmt: skip
+    return stream_from_config("payments", spec)
+
+
+async def read_until(stream: Any, wanted: int, count: int, timeout: float) -> list[str]:
+    """Message ids read (and acknowledged) until `wanted` came or three reads found none."""
+    ids: list[str] = []
+    empty = 0
+    while len(ids) < wanted and empty < 3:
+        messages = await stream.read(count, timeout=timeout)
+        await stream.ack(messages)
+        ids += [message.id for message in messages]
+        empty = 0 if messages else empty + 1
+    return ids
+
+
+def test_a_nats_batch_not_acknowledged_is_read_again() -> None:
+    """A consumer that read a batch and stopped before writing it (killed) acknowledged
+    nothing: after the ack wait (`claim_after`) the next one reads the same messages; reads
+    of fewer than a pull delivered leave the rest to the next read, nothing twice."""
+    nats = pytest.importorskip("nats")
+    subject = f"kairos.test.{uuid.uuid4().hex[:10]}"
+    name = subject.replace(".", "_")
+
+    async def run() -> tuple[list[str], list[str], int | None, int]:
+        connection = await nats.connect(NATS_URL)
+        js = connection.jetstream()
+        await js.add_stream(name=name, subjects=[subject])
+        try:
+            for i in range(12):
+                await js.publish(subject, json.dumps(event(i)).encode())
+            first = nats_stream_of(subject)
+            taken = [message.id for message in await first.read(5, timeout=2.0)]
+            await first.close()  # never acknowledged
+            second = nats_stream_of(subject)
+            try:
+                ids = await read_until(second, 12, count=3, timeout=2.0)
+                lag = await second.lag()
+            finally:
+                await second.close()
+            info = await js.consumer_info(name, "kairos-test")
+            return taken, ids, lag, info.num_ack_pending
+        finally:
+            await js.delete_stream(name)
+            await connection.close()
+
+    taken, ids, lag, unacknowledged = asyncio.run(run())
+    assert taken == ["1", "2", "3", "4", "5"]
+    assert sorted(ids, key=int) == [str(i) for i in range(1, 13)]  # each once
+    assert ids[:7] == [str(i) for i in range(6, 13)]  # the new ones first, then the five again
+    assert (lag, unacknowledged) == (0, 0)
+
+
+def test_a_nats_read_with_max_ack_pending_reached_is_empty_then_gets_the_redelivered() -> None:
+    """At max ack pending (4 batches taken, none acknowledged) JetStream answers a pull with
+    nothing: the read is empty, not an error, and once the ack wait passes the messages come
+    again to the next reads."""
+    nats = pytest.importorskip("nats")
+    subject = f"kairos.test.{uuid.uuid4().hex[:10]}"
+    name = subject.replace(".", "_")
+
+    async def run() -> tuple[int, int, list[str]]:
+        connection = await nats.connect(NATS_URL)
+        js = connection.jetstream()
+        await js.add_stream(name=name, subjects=[subject])
+        stream = nats_stream_of(subject, batch=2, claim_after=2)  # max ack pending 8
+        try:
+            for i in range(10):
+                await js.publish(subject, json.dumps(event(i)).encode())
+            held = 0
+            for _ in range(4):
+                held += len(await stream.read(2, timeout=2.0))  # never acknowledged
+            at_limit = len(await stream.read(2, timeout=0.2))  # over before the ack wait
+            ids = await read_until(stream, 10, count=2, timeout=2.0)
+            return held, at_limit, ids
+        finally:
+            await stream.close()
+            await js.delete_stream(name)
+            await connection.close()
+
+    held, at_limit, ids = asyncio.run(run())
+    assert (held, at_limit) == (8, 0)
+    assert sorted(set(ids), key=int) == [str(i) for i in range(1, 11)]
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
