@@ -23,9 +23,9 @@ from typing import Any
 
 import redis
 import redis.asyncio
+from windowed_online import OUTPUTS, make_classes
 
 import kairos as kr
-from kairos import DataFrame, FeatureTime, Windowed, _, features, windowed
 from kairos.engine.windows_shared import SharedWindows
 from kairos.stores.codec import encode_key, to_micros
 
@@ -34,37 +34,7 @@ SPAN = timedelta(days=120)
 GOAL_P50_MS = 1.0
 
 
-@features(events=True, namespace="txn")
-class Txn:
-    id: str
-    acct_id: "Acct.id"
-    amount: float
-    declined: bool
-    ts: FeatureTime
-
-
-@features(namespace="acct")
-class Acct:
-    id: str
-    txns: DataFrame[Txn]
-    count: Windowed[int] = windowed(
-        "1d", "7d", "90d", expression=_.txns[_.ts > _.window_start].count()
-    )
-    declines: Windowed[int] = windowed(
-        "7d", expression=_.txns[_.declined, _.ts > _.window_start].count()
-    )
-    average: Windowed[float | None] = windowed(
-        "90d", expression=_.txns[_.amount, _.ts > _.window_start].mean()
-    )
-    biggest: Windowed[float | None] = windowed(
-        "90d", expression=_.txns[_.amount, _.ts > _.window_start].max()
-    )
-
-
-OUTPUTS = [
-    "acct.count[1d]", "acct.count[7d]", "acct.count[90d]", "acct.declines[7d]",
-    "acct.average[90d]", "acct.biggest[90d]",
-]  # fmt: skip
+Txn, Acct, _ = make_classes(events=True)  # the in-process bench's definitions
 
 
 def write(client: kr.Client, account: str, count: int, seed: int) -> float:
@@ -75,7 +45,7 @@ def write(client: kr.Client, account: str, count: int, seed: int) -> float:
         rows = [
             {
                 "id": f"{account}-{i}",
-                "acct_id": account,
+                "user_id": account,
                 "amount": round(rng.uniform(1, 900), 2),
                 "declined": rng.random() < 0.05,
                 "ts": start
