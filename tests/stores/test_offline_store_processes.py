@@ -19,7 +19,9 @@ import pytest
 from kairos.definitions.types import ValueType
 from kairos.errors import KairosError
 from kairos.stores.offline import DuckDBOfflineStore, table_name
+from kairos.stores.offline import duckdb as offline_duckdb
 from kairos.stores.offline.duckdb import MERGE_AT
+from kairos.stores.offline.segments import Layout
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 INT, STR = ValueType("int"), ValueType("str")
@@ -340,5 +342,25 @@ def test_segments_a_merge_cut_short_left_behind_are_read_once(tmp_path: Path) ->
         store.write("user", "score", INT, STR, ["after"], [T0], [7])
         rows, _ = store.changed_rows("user", ["score"], position)
         assert rows.column("key").to_pylist() == ["after"]
+    finally:
+        store.close()
+
+
+def test_merged_segments_are_merged_again_a_tier_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tier 0 under 1800 bytes holds a one-row segment; sixteen rows merged are tier 1
+    monkeypatch.setattr(offline_duckdb, "TIER_BASE", 1800)
+    store = DuckDBOfflineStore(tmp_path / "offline.duckdb")
+    keys = [f"k{i}" for i in range(MERGE_AT * MERGE_AT + 20)]
+    try:
+        for i, key in enumerate(keys):
+            store.write("user", "x", INT, STR, [key], [T0 + timedelta(seconds=i)], [i])
+        listing = Layout(tmp_path / "offline.duckdb").listing(table_name("user", "x"))
+        assert len(listing.segments) < 2 * MERGE_AT
+        oldest = listing.segments[0]
+        assert oldest.first == 1 and oldest.seq >= MERGE_AT * MERGE_AT  # merged twice over
+        got = store.asof("user", "x", keys, [T0 + timedelta(days=1)] * len(keys))
+        assert got.to_pylist() == list(range(len(keys)))
     finally:
         store.close()

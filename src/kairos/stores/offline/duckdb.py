@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +34,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from kairos.definitions.types import ValueType
 from kairos.errors import InvalidInput, InvalidValue, KairosError
@@ -67,8 +68,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-MERGE_AT = 16  # this many small segments in a table are merged into one
-SMALL_SEGMENT = 8 << 20  # bytes: a segment under this size is small
+MERGE_AT = 16  # this many of a table's newest segments, of one size tier, are merged
+TIER_BASE = 64 << 10  # bytes: tier 0 is under this, tier t under TIER_BASE * 16**t
+MERGED_TIERS = 4  # segments of tiers 0-3 are merged (up to 16 of 256 MiB), bigger ones never
 _COMPLETE = ".complete"  # in a migrating folder: every table was exported
 _READ_ATTEMPTS = 4  # a read that meets a segment merged away lists the files again
 
@@ -169,7 +171,6 @@ class DuckDBOfflineStore(OneFeatureWrites):
         try:
             connection = duckdb.connect(":memory:")
             connection.execute("set global TimeZone = 'UTC'")  # every cursor's too
-            connection.execute("set parquet_metadata_cache = true")  # segments never change
             connection.execute("set temp_directory = $folder", {"folder": str(root / ".spill")})
         except duckdb.Error as error:
             raise KairosError(f"cannot open offline store {self.path!r}: {error}") from None
@@ -505,30 +506,25 @@ class DuckDBOfflineStore(OneFeatureWrites):
             cursor.close()
 
     def _merge_small(self, info: TableInfo) -> None:
-        """Merge the table's small segments into one, once there are `MERGE_AT` of them; hold
-        the table's lock. Rows keep their seq and, within it, their order."""
-        listing = self._layout.listing(info.table)
-        sizes = self._layout.sizes(listing)
-        small: list[Segment] = []  # the newest segments, while they are small
-        for segment in reversed(listing.segments):
-            if sizes.get(segment.path, SMALL_SEGMENT) >= SMALL_SEGMENT:
-                break
-            small.insert(0, segment)
-        if len(small) < MERGE_AT:
-            return
-        listed = ", ".join(_quoted(column) for column in info.schema().names)
-        cursor = self._cursor()
-        try:
-            reader = cursor.sql(
-                f"select {listed} from read_parquet($files, hive_partitioning = false, "
-                "file_row_number = true) order by seq, file_row_number",
-                params={"files": [s.path for s in small]},
-            ).to_arrow_reader(65536)
-            span = (min(s.earliest for s in small), max(s.latest for s in small))
-            self._layout.add(info, (small[0].first, small[-1].seq), span, reader)
-        finally:
-            cursor.close()
-        self._layout.remove(info.table, [s.path for s in small])
+        """Merge the table's newest segments into one while `MERGE_AT` of them are of one size
+        tier (16 times bigger each): a row is rewritten once per tier it climbs, a few times in
+        all, and a table keeps a few segments per tier. Rows keep their seq and, within a seq,
+        their order. Hold the table's lock."""
+        while True:
+            listing = self._layout.listing(info.table)
+            sizes = self._layout.sizes(listing)
+            tiers = [_tier(sizes.get(s.path, 0)) for s in listing.segments]
+            if not tiers or tiers[-1] >= MERGED_TIERS:
+                return
+            run = len(tiers) - 1
+            while run > 0 and tiers[run - 1] == tiers[-1]:
+                run -= 1
+            newest = list(listing.segments[run:])
+            if len(newest) < MERGE_AT:
+                return
+            span = (min(s.earliest for s in newest), max(s.latest for s in newest))
+            self._layout.add(info, (newest[0].first, newest[-1].seq), span, _rows_of(newest))
+            self._layout.remove(info.table, [s.path for s in newest])
 
     def _asof_group(
         self,
@@ -690,6 +686,20 @@ def _no_rows(key_kind: str, features: tuple[tuple[str, str], ...]) -> pa.Table:
         {"key": pa.array([], _KEY_TYPES[key_kind][1])}
         | {feature: pa.array([], _VALUE_TYPES[kind][1]) for feature, kind in features}
     )
+
+
+def _tier(size: int) -> int:
+    tier, limit = 0, TIER_BASE
+    while size >= limit:
+        tier, limit = tier + 1, limit * 16
+    return tier
+
+
+def _rows_of(segments: Sequence[Segment]) -> Iterator[pa.RecordBatch]:
+    """The rows of segments, one after another, each in its own order: what a merge keeps."""
+    for segment in segments:
+        with pq.ParquetFile(segment.path) as source:
+            yield from source.iter_batches(65536)
 
 
 def _stored(kind: str, values: pa.Array) -> pa.Array:

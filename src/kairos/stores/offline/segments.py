@@ -57,6 +57,7 @@ _TIES = "ties"
 _LOCK = ".lock"
 _SUFFIX = ".parquet"
 _MERGES = "merges"
+_ROW_GROUP = 1 << 20  # rows
 _LISTING_ATTEMPTS = 50  # a listing torn by a merge or a write under way is read again
 _STALE_TEMPORARY = 3600.0  # seconds: a hidden file this old was left by a crashed writer
 
@@ -264,8 +265,16 @@ class Layout:
         try:
             with open(temporary, "wb") as sink:
                 with pq.ParquetWriter(sink, schema) as writer:
+                    pending: list[pa.RecordBatch] = []  # small batches make one row group
+                    count = 0
                     for batch in batches:
-                        writer.write_batch(batch.cast(schema))
+                        pending.append(batch.cast(schema))
+                        count += batch.num_rows
+                        if count >= _ROW_GROUP:
+                            writer.write_table(pa.Table.from_batches(pending), _ROW_GROUP)
+                            pending, count = [], 0
+                    if pending:
+                        writer.write_table(pa.Table.from_batches(pending, schema), _ROW_GROUP)
                 sink.flush()
                 os.fsync(sink.fileno())
             os.rename(temporary, final)
