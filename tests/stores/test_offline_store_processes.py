@@ -5,6 +5,7 @@ others exactly once, and a store file of the older layout is moved into segments
 opens it first, with a crash in the middle of the move recovered."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -362,5 +363,35 @@ def test_merged_segments_are_merged_again_a_tier_up(
         assert oldest.first == 1 and oldest.seq >= MERGE_AT * MERGE_AT  # merged twice over
         got = store.asof("user", "x", keys, [T0 + timedelta(days=1)] * len(keys))
         assert got.to_pylist() == list(range(len(keys)))
+    finally:
+        store.close()
+
+
+def test_a_writer_killed_mid_write_loses_nothing_it_acknowledged(tmp_path: Path) -> None:
+    path = tmp_path / "offline.duckdb"
+    acknowledging = WRITER.replace(
+        "[worker * 100_000 + i])", "[worker * 100_000 + i]); print(i, flush=True)"
+    )
+    writer = subprocess.Popen(
+        [sys.executable, "-c", acknowledging, str(path), "0", "100000"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout is not None
+    try:
+        acknowledged = [int(writer.stdout.readline()) for _ in range(40)]
+        os.kill(writer.pid, signal.SIGKILL)  # most likely inside a write, holding its lock
+        writer.wait(30)
+    finally:
+        writer.kill()
+        writer.wait()
+        writer.stdout.close()
+    store = DuckDBOfflineStore(path)  # its lock went with it: this one writes at once
+    try:
+        store.write("user", "score", INT, STR, ["after"], [T0], [1])
+        keys = [f"w0-{i}" for i in acknowledged]
+        got = store.asof("user", "score", keys, [T0 + timedelta(days=1)] * len(keys))
+        assert got.to_pylist() == [expected_score(k) for k in keys]
+        assert store.asof("user", "score", ["after"], [T0]).to_pylist() == [1]
     finally:
         store.close()
