@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--work-us", type=float, default=50.0)
     parser.add_argument("--repeat", type=int, default=1, help="runs per engine; the best counts")
     args = parser.parse_args()
+    load = os.getloadavg()[0]
     loops = calibrate(args.work_us)
     rows = spine(args.rows, args.entities)
     outputs = ["sensor.score"]
@@ -136,8 +137,9 @@ def main() -> None:
     print(
         f"\n{args.rows:,} spine rows over {args.entities:,} entities, a Python resolver of "
         f"~{args.work_us:g} us per row ({loops} loops; {local_s / args.rows * 1e6:.0f} us per "
-        f"row end to end in the local engine), {os.cpu_count()} CPUs; every Ray answer equal "
-        "to the local one\n"
+        f"row end to end in the local engine), {os.cpu_count()} CPUs (load average "
+        f"{load:.1f} before, {os.getloadavg()[0]:.1f} after); every Ray answer equal to the "
+        "local one\n"
     )
     print("| engine | seconds | rows/s | speed vs local | Ray start + first query (s) |")
     print("|---|---:|---:|---:|---:|")
