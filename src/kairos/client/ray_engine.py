@@ -165,8 +165,11 @@ class RayRecompute:
         count = max(1, min(math.ceil(rows / ROWS_PER_PART), cpus * PARTS_PER_CPU))
         keys = self._entity_keys(plan, inputs)
         parts = partition(keys, count)
-        # events shipped with the parts make each query's worker copies its own
-        copies = spec.token if not reads else f"{spec.token}-{uuid.uuid4().hex}"
+        # the workers' copy of this client: one on the shared windows' store, and one of its
+        # own for each query that ships events with its parts
+        copies = f"{spec.token}-shared" if shared else spec.token
+        if reads:
+            copies = f"{spec.token}-{uuid.uuid4().hex}"
         remote = ray.remote(max_retries=RETRIES)(compute_part)
         sent = ray.put(spec)
         whole = _arrow_spine(inputs, row_times)
