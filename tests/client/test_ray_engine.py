@@ -90,21 +90,26 @@ def test_the_fraud_example_gives_the_local_engines_rows(ray_cluster: None) -> No
     assert [d for d, _ in done] == sorted(d for d, _ in done)
 
 
-@pytest.fixture(params=["in_process", "redis"])
-def windows_store(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Windows over events kept in this process, or in the Redis online store."""
+@pytest.fixture(params=["in_process", "kept", "redis"])
+def windows_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """(online store, offline store): windows over events kept in this process only, in
+    this process over events kept in an offline store (an index that follows what other
+    processes write there), or in the Redis online store."""
     if request.param == "in_process":
-        yield "memory://"
+        yield "memory://", "none://"
+        return
+    if request.param == "kept":
+        yield "memory://", f"duckdb:///{tmp_path / 'offline.duckdb'}"
         return
     if not redis_available():
         pytest.skip("Redis is not running on 127.0.0.1:6379")
     prefix = f"kray{uuid.uuid4().hex[:12]}"
-    yield f"{REDIS_URL}?prefix={prefix}"
+    yield f"{REDIS_URL}?prefix={prefix}", "none://"
     delete_prefix(prefix)
 
 
 def test_windows_over_events_match_brute_force_on_both_engines(
-    engine: str, windows_store: str
+    engine: str, windows_store: tuple[str, str]
 ) -> None:
     rows = events(21, 2000)
     shuffled = rows[:]
@@ -118,8 +123,12 @@ def test_windows_over_events_match_brute_force_on_both_engines(
         accounts.append(rng.choice(["a1", "a2", "a3", "nobody"]))
         nows.append(now)
     outputs = [*WINDOWED, "account.lifetime"]
+    online_store, offline_store = windows_store
     with kr.Client(
-        definitions=[Payment, Account], query_log="none://", online_store=windows_store
+        definitions=[Payment, Account],
+        query_log="none://",
+        online_store=online_store,
+        offline_store=offline_store,
     ) as client:
         for start in range(0, len(shuffled), 500):
             client.write_events(Payment, shuffled[start : start + 500])
