@@ -34,6 +34,7 @@ from kairos.errors import InvalidInput, KairosError
 from kairos.stores.codec import decode_text, encode, encode_key, to_micros
 from kairos.stores.online.redis import RedisOnlineStore
 from kairos.stores.online.redis_windows import (
+    BUCKET,
     FANOUT,
     Contribution,
     EventRow,
@@ -75,10 +76,10 @@ class _Series:
             self.name = hashlib.sha1(self.identity.encode()).hexdigest()[:16]
             return
         seconds, top = max(1, int(window.total_seconds())), 0
-        while FANOUT ** (top + 1) <= seconds:
+        while BUCKET * FANOUT ** (top + 1) <= seconds:
             top += 1
         self.top = max(self.top, top)
-        named = f"{self.identity}/{self.top}".encode()
+        named = f"{self.identity}/{BUCKET}x{FANOUT}/{self.top}".encode()
         self.name = hashlib.sha1(named).hexdigest()[:16]
 
     def contribution(self, row: dict[str, Any], event_id: str, micros: int) -> Contribution:
@@ -198,7 +199,10 @@ class SharedWindows:
             await asyncio.to_thread(self._prepare)
         shared = self._aggregates[feature]
         spec, series = shared.spec, shared.series
-        exact = EXACT if series.tiled else _ALL_ROWS
+        if spec.fn == "count" and spec.projection is None:
+            exact = -1  # rows in the window: counted by the sorted set, no tiles read
+        else:
+            exact = EXACT if series.tiled else _ALL_ROWS
         requests = []
         for key, now in zip(keys, nows, strict=True):
             first = to_micros(now - spec.window) + (0 if spec.inclusive else 1)

@@ -92,11 +92,12 @@ class RedisOnlineStore:
         # redis-py is imported by the first store, not by `import kairos`
         from redis.asyncio.connection import parse_url
         from redis.exceptions import ConnectionError as RedisConnectionError
-        from redis.exceptions import NoScriptError
+        from redis.exceptions import NoScriptError, ResponseError
         from redis.exceptions import TimeoutError as RedisTimeoutError
 
         self.unreachable = (RedisConnectionError, RedisTimeoutError)
         self.no_script = NoScriptError
+        self.response_error = ResponseError  # a command Redis refused (a script's error)
         try:
             parse_url(self._url)  # a bad URL fails here, not at the first query
         except ValueError as error:

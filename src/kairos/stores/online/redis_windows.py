@@ -17,9 +17,9 @@ afresh):
 - `P:w:{A}:r:{entity}`: a sorted set of (event id, value) scored by time: the exact rows.
 - `P:w:{A}:t:{entity}`: a hash of tiles. A tile is the partial aggregate (rows, non-null
   values, sum, sum of squares, float count, min, max, as seven doubles) of one time bucket;
-  level `l` buckets are `8**l` seconds long, so a window is at most 7 tiles per level on
-  each side plus the exact rows of the two partial seconds at its edges: the cost of a query
-  grows with the window's length in levels, not with its events.
+  level `l` buckets are `64 * 8**l` seconds long, so a window is at most 7 tiles per level
+  on each side plus the exact rows of the two partial buckets at its edges: the cost of a
+  query grows with the window's length in levels, not with its events.
 
 A write is one Lua script per chunk of events (atomic, so replicas writing at once agree); a
 window read is one script per (aggregate, entity), all of a query's in one pipeline. A window
@@ -44,10 +44,12 @@ if TYPE_CHECKING:
 
     from kairos.stores.online.redis import RedisOnlineStore
 
-__all__ = ["FANOUT", "Contribution", "EventRow", "RedisWindowStore", "TileRead"]
+__all__ = ["BUCKET", "FANOUT", "Contribution", "EventRow", "RedisWindowStore", "TileRead"]
 
-FANOUT = 8  # a level-l tile covers FANOUT**l seconds
+FANOUT = 8  # a level-l tile covers BUCKET * FANOUT**l seconds
 _MICROS = 1_000_000
+BUCKET = 64  # seconds in a level-0 tile; a window's edges closer than that are read as rows
+_BUCKET_MICROS = BUCKET * _MICROS
 # a window read: aggregate, entity, first and last micros, exact limit, top level
 _Request = tuple[str, str, int, int, int, int]
 _CHUNK = 100  # events per write script: a script blocks Redis while it runs
@@ -90,17 +92,6 @@ local function add_value(s, v, isf)
     if s[7] == nil or v > s[7] then s[7] = v end
   end
 end
-local function merge(s, t)
-  s[1] = s[1] + t[1]
-  if t[2] > 0 then
-    s[2] = s[2] + t[2]
-    s[3] = s[3] + t[3]
-    s[4] = s[4] + t[4]
-    s[5] = s[5] + t[5]
-    if s[6] == nil or t[6] < s[6] then s[6] = t[6] end
-    if s[7] == nil or t[7] > s[7] then s[7] = t[7] end
-  end
-end
 -- the value part of a raw member: '<event id>\\n<value>'
 local function member_value(m)
   return string.sub(m, string.find(m, '\\n', 1, true) + 1)
@@ -113,10 +104,11 @@ end
 #   'B', row hash, event id, expected stored row, series prefix, contribution, top: one
 #        series' contribution of a stored event (a build), skipped unless the row is still.
 # stored row: '<micros>\n<key>\t<key>...\n<payload>'; contribution:
-# '<micros>|<second>|<len>|<entity><value>', kept in the row hash under '<id>\t<prefix>'.
+# '<micros>|<bucket>|<len>|<entity><value>', kept in the row hash under '<id>\t<prefix>'.
 # top: the series' highest tile level, -1 for a series kept as rows only.
 _WRITE = (
-    _LUA_COMMON
+    f"local BUCKET = {_BUCKET_MICROS}\n"
+    + _LUA_COMMON
     + """
 local function parse_row(stored)
   local a = string.find(stored, '\\n', 1, true)
@@ -138,8 +130,9 @@ local function parse_contribution(c)
   return string.sub(c, 1, a - 1), tonumber(string.sub(c, a + 1, b - 1)),
          string.sub(c, d + 1, d + n), string.sub(c, d + n + 1)
 end
+-- (a whole number below 1e14 prints as its digits, as tile_fields of the reads prints it)
 local function field(level, index)
-  return level .. ':' .. string.format('%.0f', index)
+  return level .. ':' .. index
 end
 -- tiles read and changed by this script (by tiles key, then field), written back at its end
 local cache, keys_in_order = {}, {}
@@ -161,11 +154,11 @@ local function get_tile(tiles, f)
   end
   return s
 end
-local function min_max_of_children(tiles, level, index, raw, second)
+local function min_max_of_children(tiles, level, index, raw, bucket)
   local lo, hi = nil, nil
   if level == 0 then
-    local members = redis.call('ZRANGEBYSCORE', raw, string.format('%.0f', second * 1000000),
-                               string.format('%.0f', second * 1000000 + 999999))
+    local members = redis.call('ZRANGEBYSCORE', raw, string.format('%.0f', bucket * BUCKET),
+                               string.format('%.0f', bucket * BUCKET + BUCKET - 1))
     for _, m in ipairs(members) do
       local v = value_of(member_value(m))
       if v ~= nil then
@@ -185,7 +178,7 @@ local function min_max_of_children(tiles, level, index, raw, second)
   return lo, hi
 end
 local function apply(prefix, id, contribution, top, sign)
-  local micros, second, entity, text = parse_contribution(contribution)
+  local micros, bucket, entity, text = parse_contribution(contribution)
   local raw, tiles = prefix .. ':r:' .. entity, prefix .. ':t:' .. entity
   local member = id .. '\\n' .. text
   if sign > 0 then
@@ -195,11 +188,11 @@ local function apply(prefix, id, contribution, top, sign)
   end
   if top < 0 then return end
   local v, isf = value_of(text)
-  -- every level's tile of this second, the ones not yet held read in one HMGET
+  -- every level's tile of this bucket, the ones not yet held read in one HMGET
   local held, fields, indexes, missing = tiles_of(tiles), {}, {}, {}
   local size = 1
   for level = 0, top do
-    indexes[level] = math.floor(second / size)
+    indexes[level] = math.floor(bucket / size)
     fields[level] = field(level, indexes[level])
     if held[fields[level]] == nil then missing[#missing + 1] = fields[level] end
     size = size * 8
@@ -222,7 +215,7 @@ local function apply(prefix, id, contribution, top, sign)
         if s[2] <= 0 then
           s[3], s[4], s[5], s[6], s[7] = 0, 0, 0, nil, nil
         elseif not (v > s[6]) or not (v < s[7]) then
-          s[6], s[7] = min_max_of_children(tiles, level, indexes[level], raw, second)
+          s[6], s[7] = min_max_of_children(tiles, level, indexes[level], raw, bucket)
         end
       end
     end
@@ -305,13 +298,13 @@ return changed
 )
 
 # ARGV: windows of 12 values: series prefix, entity, first micros, last micros, exact limit,
-# the two edge ranges (4 values, '' when none), the whole seconds [first, end) the tiles
-# cover, the top level. Returns for each {0, members} (the window's rows) or {1, rows,
-# values, sum, squares, floats, min, max} as text.
+# the two edge ranges (4 values, '' when none), the whole buckets [first, end) the tiles
+# cover, the top level. Returns for each {0, members} (the window's rows), {1, rows, values,
+# sum, squares, floats, min, max} as text, or with an exact limit below 0 {2, rows}.
 _READ = (
     _LUA_COMMON
     + """
--- the tiles covering whole seconds [lo, hi): at most 7 per level on each side
+-- the tiles covering whole buckets [lo, hi): at most 7 per level on each side
 local function tile_fields(lo, hi, top)
   local left, right = {}, {}
   local size, level = 1, 0
@@ -320,17 +313,17 @@ local function tile_fields(lo, hi, top)
     local up, down = math.ceil(lo / parent) * parent, math.floor(hi / parent) * parent
     if up >= down then break end
     while lo < up do
-      left[#left + 1] = level .. ':' .. string.format('%.0f', lo / size)
+      left[#left + 1] = level .. ':' .. lo / size
       lo = lo + size
     end
     while hi > down do
       hi = hi - size
-      right[#right + 1] = level .. ':' .. string.format('%.0f', hi / size)
+      right[#right + 1] = level .. ':' .. hi / size
     end
     size, level = parent, level + 1
   end
   while lo < hi do
-    left[#left + 1] = level .. ':' .. string.format('%.0f', lo / size)
+    left[#left + 1] = level .. ':' .. lo / size
     lo = lo + size
   end
   for i = #right, 1, -1 do left[#left + 1] = right[i] end
@@ -340,7 +333,9 @@ end
 local function window(a)
   local raw, tiles = ARGV[a] .. ':r:' .. ARGV[a + 1], ARGV[a] .. ':t:' .. ARGV[a + 1]
   local count = redis.call('ZCOUNT', raw, ARGV[a + 2], ARGV[a + 3])
-  if count <= tonumber(ARGV[a + 4]) then
+  local exact = tonumber(ARGV[a + 4])
+  if exact < 0 then return {2, count} end  -- a count of rows: the sorted set counts them
+  if count <= exact then
     return {0, redis.call('ZRANGEBYSCORE', raw, ARGV[a + 2], ARGV[a + 3])}
   end
   local s = {0, 0, 0, 0, 0, nil, nil}
@@ -356,7 +351,15 @@ local function window(a)
                              tonumber(ARGV[a + 11]))
   if #fields > 0 then
     for _, t in ipairs(redis.call('HMGET', tiles, unpack(fields))) do
-      if t then merge(s, parse_tile(t)) end
+      if t then  -- merged without a table per tile
+        local c, n, total, squares, floats, lo, hi = struct.unpack('<ddddddd', t)
+        s[1] = s[1] + c
+        if n > 0 then
+          s[2], s[3], s[4], s[5] = s[2] + n, s[3] + total, s[4] + squares, s[5] + floats
+          if s[6] == nil or lo < s[6] then s[6] = lo end
+          if s[7] == nil or hi > s[7] then s[7] = hi end
+        end
+      end
     end
   end
   return {1, fmt(s[1]), fmt(s[2]), fmt(s[3]), fmt(s[4]), fmt(s[5]), fmt(s[6]), fmt(s[7])}
@@ -413,7 +416,8 @@ def _stored(row: EventRow) -> bytes:
 def _text(c: Contribution) -> str:
     if c.value is None:
         return ""
-    return f"{c.micros}|{c.micros // _MICROS}|{len(c.entity.encode())}|{c.entity}{c.value}"
+    bucket = c.micros // _BUCKET_MICROS
+    return f"{c.micros}|{bucket}|{len(c.entity.encode())}|{c.entity}{c.value}"
 
 
 def _float(text: bytes) -> float | None:
@@ -562,6 +566,9 @@ class RedisWindowStore:
             if int(reply[0]) == 0:
                 reads.append(TileRead([m.partition(b"\n")[2].decode() for m in reply[1]]))
                 continue
+            if int(reply[0]) == 2:
+                reads.append(TileRead(None, count=int(reply[1])))
+                continue
             count, present, total, squares, floats, low, high = reply[1:]
             reads.append(
                 TileRead(
@@ -600,22 +607,30 @@ class RedisWindowStore:
         self, aggregate: str, entity: str, first: int, last: int, exact: int, top: int
     ) -> list[Any]:
         args: list[Any] = [self.aggregate_prefix(aggregate), entity, first, last, exact]
-        start_second = -(-first // _MICROS)  # the first whole second in the window
-        end_second = (last + 1) // _MICROS  # whole seconds end before this one
-        if top < 0 or start_second >= end_second:
+        start = -(-first // _BUCKET_MICROS)  # the first whole bucket in the window
+        end = (last + 1) // _BUCKET_MICROS  # whole buckets end before this one
+        if top < 0 or start >= end:
             return [*args, first, last, "", "", 0, 0, 0]
-        left, right = (first, start_second * _MICROS - 1), (end_second * _MICROS, last)
+        left, right = (first, start * _BUCKET_MICROS - 1), (end * _BUCKET_MICROS, last)
         edges = [x if low <= high else "" for low, high in (left, right) for x in (low, high)]
-        return [*args, *edges, start_second, end_second, top]
+        return [*args, *edges, start, end, top]
 
     async def _pipeline(self, client: Any, args: list[list[Any]]) -> list[Any]:
-        """One EVALSHA per `_CHUNK` windows (a query's are one; a bulk query's many, in one
-        pipeline); a script that failed gives its error for each of its windows."""
+        """One EVALSHA per `_CHUNK` windows: a query's are one call, a bulk query's a
+        pipeline of them; a script that failed gives its error for each of its windows."""
         chunks = [args[i : i + _CHUNK] for i in range(0, len(args), _CHUNK)]
-        async with client.pipeline(transaction=False) as pipe:
-            for chunk in chunks:
-                pipe.evalsha(self._read_sha, 0, *[part for window in chunk for part in window])
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        flat = [[part for window in chunk for part in window] for chunk in chunks]
+        replies: list[Any]
+        if len(flat) == 1:  # the usual online query: no pipeline to build
+            try:
+                replies = [await client.evalsha(self._read_sha, 0, *flat[0])]
+            except self.store.response_error as error:
+                replies = [error]
+        else:
+            async with client.pipeline(transaction=False) as pipe:
+                for arguments in flat:
+                    pipe.evalsha(self._read_sha, 0, *arguments)
+                replies = await pipe.execute(raise_on_error=False)
         found: list[Any] = []
         for chunk, reply in zip(chunks, replies, strict=True):
             found += [reply] * len(chunk) if isinstance(reply, Exception) else reply
