@@ -6,14 +6,14 @@ offline store."""
 import random
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import redis
 
 import kairos as kr
-from kairos import DataFrame, Windowed, _, features, windowed
+from kairos import DataFrame, FeatureTime, Windowed, _, features, windowed
 from kairos.engine import windows_shared
 from tests.engine.test_windows import T0, WINDOWED, Account, Payment, brute, events, same
 from tests.stores.conftest import REDIS_URL, delete_prefix, redis_available
@@ -169,3 +169,97 @@ def test_every_window_from_tiles_still_matches_the_oracle(
         writer.write_events(Payment, moved)
         by_id = {r["id"]: r for r in moved}
         check(reader, [by_id.get(r["id"], r) for r in rows], seed=8)
+
+
+@features(events=True, namespace="reading")
+class Reading:
+    id: str
+    meter_id: "Meter.id"
+    value: float | None
+    stamp: int
+    label: str
+    at: FeatureTime
+
+
+@features(namespace="meter")
+class Meter:
+    id: str
+    readings: DataFrame[Reading]
+    labelled: Windowed[int] = windowed(
+        "30d", expression=_.readings[_.label, _.at > _.window_start].count()
+    )
+    label_sum: Windowed[float | None] = windowed(
+        "30d", expression=_.readings[_.label, _.at > _.window_start].sum()
+    )
+    spread: Windowed[float | None] = windowed(
+        "30d", expression=_.readings[_.stamp, _.at > _.window_start].std()
+    )
+    total: Windowed[float] = windowed(
+        "30d", expression=_.readings[_.value, _.at > _.window_start].sum()
+    )
+    high: Windowed[float | None] = windowed(
+        "30d", expression=_.readings[_.value, _.at > _.window_start].max()
+    )
+
+
+METER = ["meter.labelled[30d]", "meter.spread[30d]", "meter.total[30d]", "meter.high[30d]"]
+
+
+def readings(count: int, start: datetime) -> list[dict[str, object]]:
+    rng = random.Random(9)
+    return [
+        {"id": f"r{i}", "meter_id": "m", "value": float(i % 10), "stamp": 1_700_000_000 + i % 2,
+         "label": "k", "at": start + timedelta(microseconds=rng.randrange(20 * 86400 * 10**6))}
+        for i in range(count)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("exact", [64, 0])
+def test_tiles_count_any_value_and_keep_precision_and_survive_replacements(
+    url: str, monkeypatch: pytest.MonkeyPatch, exact: int
+) -> None:
+    monkeypatch.setattr(windows_shared, "EXACT", exact)
+    start = datetime(1969, 12, 20, tzinfo=UTC)  # across 1970, at microseconds
+    rows = readings(600, start)
+    now = start + timedelta(days=25)
+    with (
+        server(url, Reading, Meter) as shared,
+        kr.Client(definitions=[Reading, Meter], query_log="none://") as local,
+    ):
+        for client in (shared, local):
+            client.write_events(Reading, rows)
+            # an inf and a huge value, each replaced again: no trace may stay in a sum
+            client.write_events(Reading, [dict(rows[0], value=float("inf"))])
+            client.write_events(Reading, [dict(rows[1], value=1e17)])
+            client.write_events(Reading, [rows[0], rows[1]])
+        got = shared.query({"meter.id": "m"}, [*METER, "meter.label_sum[30d]"], now=now)
+        want = local.query({"meter.id": "m"}, [*METER, "meter.label_sum[30d]"], now=now)
+    assert got.get_value("meter.labelled[30d]") == 600  # a count of strings counts them
+    assert got.get_value("meter.total[30d]") == sum(float(i % 10) for i in range(600))
+    assert got.get_value("meter.high[30d]") == 9.0
+    assert same(got.get_value("meter.spread[30d]"), want.get_value("meter.spread[30d]"))
+    assert got.get_value("meter.spread[30d]") == pytest.approx(0.5004, abs=1e-4)
+    for name in METER:
+        assert same(got.get_value(name), want.get_value(name)), name
+    # a sum over strings fails on that row, as a scan of the rows does
+    assert [e.feature for e in got.errors] == ["meter.label_sum[30d]"]
+
+
+def test_a_load_from_the_offline_store_never_replaces_a_newer_event(
+    url: str, tmp_path: Path
+) -> None:
+    offline = f"duckdb:///{tmp_path}/offline.duckdb"
+    first = {"id": "p1", "account_id": "a1", "amount": 5.0, "kind": "card", "at": T0}
+    with server(url, offline=offline) as durable:
+        durable.write_events(Payment, [first])
+    with server(url) as other:  # a server without that offline store corrects the event
+        other.write_events(Payment, [dict(first, amount=50.0)])
+    prefix = url.rpartition("prefix=")[2]
+    r = redis.Redis.from_url(REDIS_URL)
+    try:  # as if this Redis never had the offline store's events loaded
+        r.delete(*[k for k in r.scan_iter(match=f"{prefix}:w:loaded:*")])
+    finally:
+        r.close()
+    with server(url, offline=offline) as restarted:
+        got = restarted.query({"account.id": "a1"}, ["account.total[1d]"], now=T0)
+    assert got.get_value("account.total[1d]") == 50.0

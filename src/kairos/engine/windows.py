@@ -73,7 +73,7 @@ class _Series:
         self.rows.append(self.rows[-1] + 1)
         self.present.append(self.present[-1] + (value is not None))
         # ints stay ints (exact); floats accumulate as floats
-        number = value if numeric and value is not None and not isinstance(value, bool) else 0
+        number = value if numeric and type(value) in (int, float) else 0  # a str adds nothing
         self.sums.append(self.sums[-1] + number)
         self.squares.append(self.squares[-1] + number * number)
 
@@ -335,7 +335,7 @@ class WindowIndex:
     ) -> list[Any]:
         """`value` of each (key, now); a row that cannot be answered holds its exception."""
         pairs = zip(keys, nows, strict=True)
-        return [_or_error(self.value, feature, key, now) for key, now in pairs]
+        return [or_error(self.value, feature, key, now) for key, now in pairs]
 
     def close(self) -> None:
         """Nothing to release: the events live in this process."""
@@ -345,10 +345,11 @@ class WindowIndex:
     ) -> list[Any]:
         """`rows` of each (key, now); a row that cannot be answered holds its exception."""
         pairs = zip(keys, nows, strict=True)
-        return [_or_error(self.rows, child, fk, key, now) for key, now in pairs]
+        return [or_error(self.rows, child, fk, key, now) for key, now in pairs]
 
 
-def _or_error(lookup: Callable[..., Any], *args: Any) -> Any:
+def or_error(lookup: Callable[..., Any], *args: Any) -> Any:
+    """`lookup(*args)`, or the exception it raised: one row's error, not the query's."""
     try:
         return lookup(*args)
     except Exception as error:  # e.g. distinct values that cannot be hashed

@@ -29,7 +29,7 @@ from typing import Any
 
 from kairos.definitions.windows import WindowSpec
 from kairos.engine.evaluate import aggregate_values
-from kairos.engine.windows import EventBatch, WindowAggregate, WindowIndex, Windows
+from kairos.engine.windows import EventBatch, WindowAggregate, WindowIndex, Windows, or_error
 from kairos.errors import InvalidInput, KairosError
 from kairos.stores.codec import decode_text, encode, encode_key, to_micros
 from kairos.stores.online.redis import RedisOnlineStore
@@ -104,32 +104,37 @@ class _Shared:
             if fn == "count" and counting:
                 return len(values)
             return aggregate_values(fn, [v for v in values if v is not None])
-        n = read.present
         if fn == "count":
-            return read.count if counting else n
+            return read.count if counting else read.present
+        if read.present > read.numbers:  # as the scan fails on a value that is not a number
+            raise TypeError(f"{fn} over a value that is not a number")
+        n = read.numbers
         if n == 0:
             return 0 if fn == "sum" else None
+        total = read.total + n * read.shift
         if fn == "sum":
-            return read.total if read.floats else int(read.total)
+            return total if read.floats else int(total)
         if fn == "mean":
-            return read.total / n
+            return total / n
         if fn == "std":
             if n < 2:
                 return None
-            spread = read.squares - read.total * read.total / n
+            spread = read.squares - read.total * read.total / n  # shifted: no cancellation
             return math.sqrt(max(spread, 0.0) / (n - 1))
         found = read.low if fn == "min" else read.high
         return found if read.floats or found is None else int(found)
 
 
 def _tiled_text(value: Any) -> str:
-    """A value as a tile script reads it: '' (null), 'i<int>' or 'f<float>'; a value that is
-    not a number adds nothing but its row."""
+    """A value as a tile script reads it: '' (null), 'i<int>', 'f<float>', or 'x': a value
+    that is not a number, which counts but adds to no sum."""
+    if value is None:
+        return ""
     if isinstance(value, bool | int):
         return f"i{int(value)}"
     if isinstance(value, float):
         return f"f{value!r}"
-    return ""
+    return "x"
 
 
 def _value(text: str, tiled: bool) -> Any:
@@ -137,6 +142,8 @@ def _value(text: str, tiled: bool) -> Any:
         return decode_text(text)
     if not text:
         return None
+    if text == "x":
+        return text  # not a number: counted, and a sum over it fails as the scan's does
     return int(text[1:]) if text[0] == "i" else float(text[1:])
 
 
@@ -208,7 +215,7 @@ class SharedWindows:
             first = to_micros(now - spec.window) + (0 if spec.inclusive else 1)
             last = to_micros(now)
             requests.append((series.name, encode_key(key), first, last, exact, series.top))
-        return [shared.finish(read) for read in await self.store.read(requests)]
+        return [or_error(shared.finish, read) for read in await self.store.read(requests)]
 
     async def event_rows(
         self, child: str, fk: str, keys: Sequence[Any], nows: Sequence[datetime]
@@ -235,7 +242,7 @@ class SharedWindows:
             )
             if self._loader is not None and not self.store.marker(loaded):
                 for child, fks, time_field, primary, rows in self._loader():
-                    self._write(child, fks, time_field, rows, primary)
+                    self._write(child, fks, time_field, rows, primary, load=True)
                 for series in every:
                     self.store.set_marker("built:" + series.name)
                 self.store.set_marker(loaded)
@@ -264,6 +271,7 @@ class SharedWindows:
         time_field: str,
         rows: Sequence[dict[str, Any]],
         primary: str | None,
+        load: bool = False,
     ) -> int:
         if primary is None:
             raise KairosError(f"events of {child} need an id to be shared between servers")
@@ -286,7 +294,7 @@ class SharedWindows:
                     [series.contribution(row, event_id, micros) for series in every],
                 )
             )
-        return self.store.write(events)
+        return self.store.write(events, load=load)
 
     def close(self) -> None:
         self.store.close()

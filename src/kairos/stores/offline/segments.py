@@ -237,8 +237,7 @@ class Layout:
             if segments is not None:
                 return Listing(segments, ties)
         logger.warning("offline store table %s: its segments' seqs have a gap", folder)
-        found.sort(key=lambda segment: (segment.first, -segment.seq))
-        return Listing(tuple(found), ties)
+        return Listing(_covering(found, gaps=True) or (), ties)
 
     def mark_ties(self, table: str) -> None:
         """Record that the table has ties; before the segment that brings them appears."""
@@ -324,16 +323,17 @@ def _merges(folder: str) -> int:
         raise KairosError(f"cannot read {folder!r}/{_MERGES}: {error}") from None
 
 
-def _covering(found: list[Segment]) -> tuple[Segment, ...] | None:
+def _covering(found: list[Segment], gaps: bool = False) -> tuple[Segment, ...] | None:
     """The segments in seq order without those another covers (a merge's inputs not removed
-    yet), or None when their seqs have a gap (a listing that missed a segment)."""
+    yet), or None when their seqs have a gap (a listing that missed a segment), unless
+    `gaps` (a segment lost for good: read what is there, each row once)."""
     found.sort(key=lambda segment: (segment.first, -segment.seq))
     kept: list[Segment] = []
     reached = 0
     for segment in found:
         if segment.seq <= reached:
             continue  # covered by a merged segment before it
-        if segment.first != reached + 1:
+        if segment.first != reached + 1 and not gaps:
             return None
         kept.append(segment)
         reached = segment.seq

@@ -31,11 +31,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kairos.backends.redis import failures_as
 from kairos.errors import KairosError
 from kairos.stores.codec import decode
 
@@ -69,27 +68,40 @@ local function fmt(x)
   if x == nil then return '' end
   return string.format('%.17g', x)
 end
--- a tiled value: '' (null), 'i<int>' or 'f<float>'; returns value, 1 if a float
+-- a tiled value: '' (null), 'x' (a value that is not a number), 'i<int>' or 'f<float>';
+-- returns the number (or nil), 1 if a float, 1 if a value is there
 local function value_of(text)
-  if text == '' then return nil, 0 end
-  return num(string.sub(text, 2)), (string.sub(text, 1, 1) == 'f') and 1 or 0
+  if text == '' then return nil, 0, 0 end
+  local kind = string.sub(text, 1, 1)
+  if kind == 'x' then return nil, 0, 1 end
+  return num(string.sub(text, 2)), (kind == 'f') and 1 or 0, 1
 end
--- a tile: rows, values, sum, squares, floats, min, max as seven little-endian doubles
+-- a tile: rows, values, numbers, sum and sum of squares of (number - k), floats, min, max:
+-- eight little-endian doubles; k is the entity's shift (its first finite number), so sums of
+-- squares of large numbers keep their precision
+local function empty_tile() return {0, 0, 0, 0, 0, 0, nil, nil} end
 local function parse_tile(t)
-  if not t then return {0, 0, 0, 0, 0, nil, nil} end
-  local c, n, s, q, f, lo, hi = struct.unpack('<ddddddd', t)
-  if n == 0 then lo, hi = nil, nil end
-  return {c, n, s, q, f, lo, hi}
+  if not t then return empty_tile() end
+  local c, n, m, s, q, f, lo, hi = struct.unpack('<dddddddd', t)
+  if m == 0 then lo, hi = nil, nil end
+  return {c, n, m, s, q, f, lo, hi}
 end
-local function add_value(s, v, isf)
+local function add_value(s, v, isf, present, k)
   s[1] = s[1] + 1
+  s[2] = s[2] + present
   if v ~= nil then
-    s[2] = s[2] + 1
-    s[3] = s[3] + v
-    s[4] = s[4] + v * v
-    s[5] = s[5] + isf
-    if s[6] == nil or v < s[6] then s[6] = v end
-    if s[7] == nil or v > s[7] then s[7] = v end
+    local d = v - k
+    s[3], s[4], s[5], s[6] = s[3] + 1, s[4] + d, s[5] + d * d, s[6] + isf
+    if s[7] == nil or v < s[7] then s[7] = v end
+    if s[8] == nil or v > s[8] then s[8] = v end
+  end
+end
+local function merge_into(s, c, n, m, total, squares, floats, lo, hi)
+  s[1], s[2] = s[1] + c, s[2] + n
+  if m > 0 then
+    s[3], s[4], s[5], s[6] = s[3] + m, s[4] + total, s[5] + squares, s[6] + floats
+    if s[7] == nil or lo < s[7] then s[7] = lo end
+    if s[8] == nil or hi > s[8] then s[8] = hi end
   end
 end
 -- the value part of a raw member: '<event id>\\n<value>'
@@ -101,6 +113,7 @@ end
 # ARGV: items, each
 #   'E', row hash, event id, stored row, n, then n times (series prefix, contribution, top):
 #        an event and what it adds to each series (contribution '' = nothing);
+#   'L': the same, skipped if the event is there (a load from the offline store);
 #   'B', row hash, event id, expected stored row, series prefix, contribution, top: one
 #        series' contribution of a stored event (a build), skipped unless the row is still.
 # stored row: '<micros>\n<key>\t<key>...\n<payload>'; contribution:
@@ -154,28 +167,35 @@ local function get_tile(tiles, f)
   end
   return s
 end
-local function min_max_of_children(tiles, level, index, raw, bucket)
-  local lo, hi = nil, nil
+-- the shift of an entity's sums (field 'k' of its tiles), false while it has no number
+local shifts, new_shifts = {}, {}
+local function shift_of(tiles)
+  local k = shifts[tiles]
+  if k == nil then
+    local found = redis.call('HGET', tiles, 'k')
+    k = found and tonumber(found) or false
+    shifts[tiles] = k
+  end
+  return k
+end
+-- a tile computed again from what it covers: its bucket's rows at level 0, else its children
+-- (a removal recomputes rather than subtracts, so an inf or a huge value leaves no trace)
+local function rebuilt(tiles, raw, level, index, k)
+  local s = empty_tile()
   if level == 0 then
-    local members = redis.call('ZRANGEBYSCORE', raw, string.format('%.0f', bucket * BUCKET),
-                               string.format('%.0f', bucket * BUCKET + BUCKET - 1))
+    local members = redis.call('ZRANGEBYSCORE', raw, string.format('%.0f', index * BUCKET),
+                               string.format('%.0f', index * BUCKET + BUCKET - 1))
     for _, m in ipairs(members) do
-      local v = value_of(member_value(m))
-      if v ~= nil then
-        if lo == nil or v < lo then lo = v end
-        if hi == nil or v > hi then hi = v end
-      end
+      local v, isf, present = value_of(member_value(m))
+      add_value(s, v, isf, present, k)
     end
-    return lo, hi
+    return s
   end
   for j = 0, 7 do
-    local s = get_tile(tiles, field(level - 1, index * 8 + j))
-    if s[2] > 0 then
-      if lo == nil or s[6] < lo then lo = s[6] end
-      if hi == nil or s[7] > hi then hi = s[7] end
-    end
+    local t = get_tile(tiles, field(level - 1, index * 8 + j))
+    merge_into(s, t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8])
   end
-  return lo, hi
+  return s
 end
 local function apply(prefix, id, contribution, top, sign)
   local micros, bucket, entity, text = parse_contribution(contribution)
@@ -187,7 +207,15 @@ local function apply(prefix, id, contribution, top, sign)
     redis.call('ZREM', raw, member)
   end
   if top < 0 then return end
-  local v, isf = value_of(text)
+  local v, isf, present = value_of(text)
+  local k = shift_of(tiles)
+  if k == false then
+    k = 0
+    if v ~= nil and sign > 0 then  -- the entity's first number: its shift from now on
+      if v == v and v ~= math.huge and v ~= -math.huge then k = v end
+      shifts[tiles], new_shifts[tiles] = k, true
+    end
+  end
   -- every level's tile of this bucket, the ones not yet held read in one HMGET
   local held, fields, indexes, missing = tiles_of(tiles), {}, {}, {}
   local size = 1
@@ -202,22 +230,10 @@ local function apply(prefix, id, contribution, top, sign)
     for j, f in ipairs(missing) do held[f] = parse_tile(found[j]) end
   end
   for level = 0, top do
-    local s = held[fields[level]]
     if sign > 0 then
-      add_value(s, v, isf)
+      add_value(held[fields[level]], v, isf, present, k)
     else
-      s[1] = s[1] - 1
-      if v ~= nil then
-        s[2] = s[2] - 1
-        s[3] = s[3] - v
-        s[4] = s[4] - v * v
-        s[5] = s[5] - isf
-        if s[2] <= 0 then
-          s[3], s[4], s[5], s[6], s[7] = 0, 0, 0, nil, nil
-        elseif not (v > s[6]) or not (v < s[7]) then
-          s[6], s[7] = min_max_of_children(tiles, level, indexes[level], raw, bucket)
-        end
-      end
+      held[fields[level]] = rebuilt(tiles, raw, level, indexes[level], k)
     end
   end
 end
@@ -238,13 +254,15 @@ end
 local changed, i = 0, 1
 while i <= #ARGV do
   local kind, hash, id, stored = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  if kind == 'E' then
+  if kind == 'E' or kind == 'L' then
     local n = tonumber(ARGV[i + 4])
     local fields = {id}
     for j = 1, n do fields[j + 1] = id .. '\\t' .. ARGV[i + 2 + 3 * j] end
     local old = redis.call('HMGET', hash, unpack(fields))
     local sets, deletes = {}, {}
-    if old[1] ~= stored then
+    if kind == 'L' and old[1] then
+      n = 0  -- a load from the offline store never replaces what a server wrote since
+    elseif old[1] ~= stored then
       if old[1] then
         local _, keys, payload = parse_row(old[1])
         for _, key in ipairs(keys) do redis.call('ZREM', key, payload) end
@@ -264,7 +282,7 @@ while i <= #ARGV do
       end
     end
     save(hash, sets, deletes)
-    i = i + 5 + 3 * n
+    i = i + 5 + 3 * tonumber(ARGV[i + 4])
   else
     local prefix, contribution, top = ARGV[i + 4], ARGV[i + 5], tonumber(ARGV[i + 6])
     local name = id .. '\\t' .. prefix
@@ -282,14 +300,17 @@ while i <= #ARGV do
 end
 for _, tiles in ipairs(keys_in_order) do
   local sets, deletes = {}, {}
-  for f, s in pairs(cache[tiles]) do
-    if s[1] <= 0 then
+  for f, t in pairs(cache[tiles]) do
+    if t[1] <= 0 then
       deletes[#deletes + 1] = f
     else
       sets[#sets + 1] = f
-      sets[#sets + 1] = struct.pack('<ddddddd', s[1], s[2], s[3], s[4], s[5], s[6] or 0,
-                                    s[7] or 0)
+      sets[#sets + 1] = struct.pack('<dddddddd', t[1], t[2], t[3], t[4], t[5], t[6], t[7] or 0,
+                                    t[8] or 0)
     end
+  end
+  if new_shifts[tiles] then
+    sets[#sets + 1], sets[#sets + 2] = 'k', fmt(shifts[tiles])
   end
   save(tiles, sets, deletes)
 end
@@ -300,7 +321,8 @@ return changed
 # ARGV: windows of 12 values: series prefix, entity, first micros, last micros, exact limit,
 # the two edge ranges (4 values, '' when none), the whole buckets [first, end) the tiles
 # cover, the top level. Returns for each {0, members} (the window's rows), {1, rows, values,
-# sum, squares, floats, min, max} as text, or with an exact limit below 0 {2, rows}.
+# numbers, sum and squares of (number - shift), floats, min, max, shift} as text, or with an
+# exact limit below 0 {2, rows}.
 _READ = (
     _LUA_COMMON
     + """
@@ -338,31 +360,29 @@ local function window(a)
   if count <= exact then
     return {0, redis.call('ZRANGEBYSCORE', raw, ARGV[a + 2], ARGV[a + 3])}
   end
-  local s = {0, 0, 0, 0, 0, nil, nil}
+  local fields = tile_fields(tonumber(ARGV[a + 9]), tonumber(ARGV[a + 10]),
+                             tonumber(ARGV[a + 11]))
+  table.insert(fields, 1, 'k')
+  local found = redis.call('HMGET', tiles, unpack(fields))
+  local k = found[1] and tonumber(found[1]) or 0
+  local s = empty_tile()
   for e = a + 5, a + 7, 2 do
     if ARGV[e] ~= '' then
       for _, m in ipairs(redis.call('ZRANGEBYSCORE', raw, ARGV[e], ARGV[e + 1])) do
-        local v, isf = value_of(member_value(m))
-        add_value(s, v, isf)
+        local v, isf, present = value_of(member_value(m))
+        add_value(s, v, isf, present, k)
       end
     end
   end
-  local fields = tile_fields(tonumber(ARGV[a + 9]), tonumber(ARGV[a + 10]),
-                             tonumber(ARGV[a + 11]))
-  if #fields > 0 then
-    for _, t in ipairs(redis.call('HMGET', tiles, unpack(fields))) do
-      if t then  -- merged without a table per tile
-        local c, n, total, squares, floats, lo, hi = struct.unpack('<ddddddd', t)
-        s[1] = s[1] + c
-        if n > 0 then
-          s[2], s[3], s[4], s[5] = s[2] + n, s[3] + total, s[4] + squares, s[5] + floats
-          if s[6] == nil or lo < s[6] then s[6] = lo end
-          if s[7] == nil or hi > s[7] then s[7] = hi end
-        end
-      end
+  for i = 2, #found do
+    local t = found[i]
+    if t then  -- merged without a table per tile
+      local c, n, m, total, squares, floats, lo, hi = struct.unpack('<dddddddd', t)
+      merge_into(s, c, n, m, total, squares, floats, lo, hi)
     end
   end
-  return {1, fmt(s[1]), fmt(s[2]), fmt(s[3]), fmt(s[4]), fmt(s[5]), fmt(s[6]), fmt(s[7])}
+  return {1, fmt(s[1]), fmt(s[2]), fmt(s[3]), fmt(s[4]), fmt(s[5]), fmt(s[6]), fmt(s[7]),
+          fmt(s[8]), fmt(k)}
 end
 
 local replies = {}
@@ -397,16 +417,20 @@ class Contribution:
 
 @dataclass(frozen=True)
 class TileRead:
-    """One window of one entity: its exact rows, or the merged partial aggregate."""
+    """One window of one entity: its exact rows, or the merged partial aggregate. Sums are of
+    (number - shift): the shift is the entity's first finite number, so large numbers keep
+    the precision of their spread."""
 
     rows: list[str] | None  # values of the window's rows ('' for null), when it is small
-    count: int = 0
-    present: int = 0
-    total: float = 0.0
+    count: int = 0  # rows
+    present: int = 0  # non-null values
+    numbers: int = 0  # values that are numbers
+    total: float = 0.0  # of (number - shift)
     squares: float = 0.0
     floats: int = 0
     low: float | None = None
     high: float | None = None
+    shift: float = 0.0
 
 
 def _stored(row: EventRow) -> bytes:
@@ -454,12 +478,16 @@ class RedisWindowStore:
 
     # --- writes (blocking: called where the events were accepted) ---------------------------
 
-    def write(self, events: Sequence[tuple[EventRow, Sequence[Contribution]]]) -> int:
+    def write(
+        self, events: Sequence[tuple[EventRow, Sequence[Contribution]]], *, load: bool = False
+    ) -> int:
         """Store events with what each adds to its series; returns how many events changed
-        (a retried delivery changes nothing)."""
+        (a retried delivery changes nothing). With `load`, an event Redis already has is left
+        as it is (a server may have written a newer row since the offline store was read)."""
         items: list[list[Any]] = []
         for row, contributions in events:
-            item: list[Any] = ["E", self.row_hash(row.child), row.event_id, _stored(row)]
+            kind = "L" if load else "E"
+            item: list[Any] = [kind, self.row_hash(row.child), row.event_id, _stored(row)]
             item.append(len(contributions))
             for c in contributions:
                 item += (self.aggregate_prefix(c.aggregate), _text(c), c.top)
@@ -569,17 +597,19 @@ class RedisWindowStore:
             if int(reply[0]) == 2:
                 reads.append(TileRead(None, count=int(reply[1])))
                 continue
-            count, present, total, squares, floats, low, high = reply[1:]
+            count, present, numbers, total, squares, floats, low, high, shift = reply[1:]
             reads.append(
                 TileRead(
                     None,
                     int(count),
                     int(present),
+                    int(numbers),
                     float(total),
                     float(squares),
                     int(floats),
                     _float(low),
                     _float(high),
+                    float(shift),
                 )
             )
         return reads
@@ -636,5 +666,13 @@ class RedisWindowStore:
             found += [reply] * len(chunk) if isinstance(reply, Exception) else reply
         return found
 
-    def _failures(self) -> AbstractContextManager[None]:
-        return failures_as(self.store.unavailable)
+    @contextmanager
+    def _failures(self) -> Iterator[None]:
+        """Redis down: the store's BackendUnavailable; a command Redis refused (out of
+        memory, a key of another type): a KairosError saying so."""
+        try:
+            yield
+        except self.store.unreachable as error:
+            raise self.store.unavailable(error) from None
+        except self.store.response_error as error:
+            raise KairosError(f"{self!r}: Redis refused a windows write: {error}") from None
