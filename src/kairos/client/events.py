@@ -141,7 +141,7 @@ class FollowingIndex(WindowIndex):
         self._graph = graph
         self._open_store = open_store
         self._positions: dict[str, dict[str, int]] = {}  # namespace -> where it has read to
-        self._follow_lock = threading.Lock()
+        self._follow_lock = threading.RLock()  # _changes takes it too (the first load)
         self._loaded = False
 
     async def values(
@@ -160,8 +160,9 @@ class FollowingIndex(WindowIndex):
         if not self._loaded:
             self._load()  # the first read: every event
             return
-        for child, fks, time_field, primary, rows in self._changes():
-            self.write(child, fks, time_field, rows, primary)
+        with self._follow_lock:  # applied in the order read: an older row never wins
+            for child, fks, time_field, primary, rows in self._changes():
+                self.write(child, fks, time_field, rows, primary)
 
     def _changes(self) -> list[EventBatch]:
         """The events written since the last call (every event on the first), as batches;
