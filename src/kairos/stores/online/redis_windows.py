@@ -9,21 +9,24 @@ projection); this module keeps it. For an events class `child` and prefix `P`:
 - `P:ev:{child}:{fk}:{entity}`: a sorted set of the entity's encoded events scored by time in
   microseconds (the has-many of events a query reads).
 
-For a windowed aggregate `A` (named by a hash of its definition, so a changed window starts
-afresh):
+For a series `A` (windowed features over the same events, filters and projection; named by a
+hash of that definition and the tile geometry, so a changed one starts afresh):
 
-- `P:w:{A}:ids`: a hash, event id -> its contribution (time, entity, value): what makes every
-  write idempotent, and what a replaced or moved event takes back.
+- `P:ev:{child}` also holds, under `<event id>\t<series>`, the event's contribution to each
+  series (time, entity, value): what makes every write idempotent, and what a replaced or
+  moved event takes back.
 - `P:w:{A}:r:{entity}`: a sorted set of (event id, value) scored by time: the exact rows.
-- `P:w:{A}:t:{entity}`: a hash of tiles. A tile is the partial aggregate (rows, non-null
-  values, sum, sum of squares, float count, min, max, as seven doubles) of one time bucket;
-  level `l` buckets are `64 * 8**l` seconds long, so a window is at most 7 tiles per level
-  on each side plus the exact rows of the two partial buckets at its edges: the cost of a
-  query grows with the window's length in levels, not with its events.
+- `P:w:{A}:t:{entity}`: a hash of tiles. A tile is the partial aggregate of one time bucket
+  (rows, non-null values, numbers, sum and sum of squares of (number - the entity's shift,
+  field `k`: its first finite number), float count, min, max: eight doubles). Level `l`
+  buckets are `64 * 8**l` seconds long, so a window is at most 7 tiles per level on each side
+  plus the exact rows of the two partial buckets at its edges: the cost of a query grows with
+  the window's length in levels, not with its events.
 
 A write is one Lua script per chunk of events (atomic, so replicas writing at once agree); a
-window read is one script per (aggregate, entity), all of a query's in one pipeline. A window
-of at most `exact` rows is answered from its rows, so it gets the arithmetic of a scan.
+removal recomputes its tiles from their rows and children. One read script answers every
+window of a query. A count of rows is the sorted set's count; a window of at most `exact`
+rows is answered from its rows, so it gets the arithmetic of a scan.
 """
 
 from __future__ import annotations
