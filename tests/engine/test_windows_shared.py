@@ -263,3 +263,16 @@ def test_a_load_from_the_offline_store_never_replaces_a_newer_event(
     with server(url, offline=offline) as restarted:
         got = restarted.query({"account.id": "a1"}, ["account.total[1d]"], now=T0)
     assert got.get_value("account.total[1d]") == 50.0
+
+
+def test_an_event_windows_in_redis_cannot_keep_is_refused_before_it_is_stored(
+    url: str, tmp_path: Path
+) -> None:
+    offline = f"duckdb:///{tmp_path}/offline.duckdb"
+    old = {"id": "p0", "account_id": "a1", "amount": 1.0, "kind": "card",
+           "at": datetime(1600, 1, 1, tzinfo=UTC)}  # fmt: skip
+    with server(url, offline=offline) as client:
+        with pytest.raises(kr.InvalidInput, match="outside the years 1685-2255"):
+            client.write_events(Payment, [old])
+        stored = client.offline_store().latest_rows("payment", ["at"])
+    assert stored.num_rows == 0

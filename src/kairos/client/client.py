@@ -526,6 +526,7 @@ class Client:
         namespace = events_of if isinstance(events_of, str) else self.graph.namespace_of(events_of)
         info = event_class(self.graph, namespace)
         typed = typed_events(info, rows)
+        self.windows.check(str(info.feature_time), typed)  # refused before anything is kept
         if self.offline_writer is not None:  # durable first: an acknowledged event is kept
             persist(self.offline_store(), info, typed)
         self.windows.write(

@@ -340,6 +340,9 @@ class WindowIndex:
     def close(self) -> None:
         """Nothing to release: the events live in this process."""
 
+    def check(self, time_field: str, rows: Sequence[dict[str, Any]]) -> None:
+        """Any event can be kept here."""
+
     async def event_rows(
         self, child: str, fk: str, keys: Sequence[Any], nows: Sequence[datetime]
     ) -> list[Any]:
@@ -389,3 +392,6 @@ class Windows(Protocol):
     ) -> list[Any]: ...
 
     def close(self) -> None: ...
+
+    def check(self, time_field: str, rows: Sequence[dict[str, Any]]) -> None:
+        """Raise InvalidInput for an event these windows cannot keep, before it is stored."""

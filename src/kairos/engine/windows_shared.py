@@ -277,15 +277,9 @@ class SharedWindows:
             raise KairosError(f"events of {child} need an id to be shared between servers")
         every = self._by_child.get(child, ())
         events: list[tuple[EventRow, list[Contribution]]] = []
+        self.check(time_field, rows)
         for row in rows:
-            when = row[time_field]
-            micros = to_micros(when)
-            if not -_LIMIT < micros < _LIMIT:
-                raise InvalidInput(
-                    f"event time {when.isoformat()} is outside the years 1685-2255 that "
-                    "windows in Redis keep exactly",
-                    field=time_field,
-                )
+            micros = to_micros(row[time_field])
             event_id = encode_key(row.get(primary))
             keys = [self.store.rows_key(child, fk, encode_key(row.get(fk))) for fk in fks]
             events.append(
@@ -295,6 +289,16 @@ class SharedWindows:
                 )
             )
         return self.store.write(events, load=load)
+
+    def check(self, time_field: str, rows: Sequence[dict[str, Any]]) -> None:
+        for row in rows:
+            when = row[time_field]
+            if not -_LIMIT < to_micros(when) < _LIMIT:
+                raise InvalidInput(
+                    f"event time {when.isoformat()} is outside the years 1685-2255 that "
+                    "windows in Redis keep exactly",
+                    field=time_field,
+                )
 
     def close(self) -> None:
         self.store.close()
