@@ -56,6 +56,9 @@ _BUCKET_MICROS = BUCKET * _MICROS
 _Request = tuple[str, str, int, int, int, int]
 _CHUNK = 100  # events per write script: a script blocks Redis while it runs
 
+# the tile geometry, the same in both scripts and in Python
+_LUA_GEOMETRY = f"local BUCKET, FANOUT = {_BUCKET_MICROS}, {FANOUT}\n"
+
 _LUA_COMMON = """
 local function num(s)
   if s == nil or s == '' then return nil end
@@ -123,7 +126,7 @@ end
 # '<micros>|<bucket>|<len>|<entity><value>', kept in the row hash under '<id>\t<prefix>'.
 # top: the series' highest tile level, -1 for a series kept as rows only.
 _WRITE = (
-    f"local BUCKET = {_BUCKET_MICROS}\n"
+    _LUA_GEOMETRY
     + _LUA_COMMON
     + """
 local function parse_row(stored)
@@ -194,8 +197,8 @@ local function rebuilt(tiles, raw, level, index, k)
     end
     return s
   end
-  for j = 0, 7 do
-    local t = get_tile(tiles, field(level - 1, index * 8 + j))
+  for j = 0, FANOUT - 1 do
+    local t = get_tile(tiles, field(level - 1, index * FANOUT + j))
     merge_into(s, t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8])
   end
   return s
@@ -226,7 +229,7 @@ local function apply(prefix, id, contribution, top, sign)
     indexes[level] = math.floor(bucket / size)
     fields[level] = field(level, indexes[level])
     if held[fields[level]] == nil then missing[#missing + 1] = fields[level] end
-    size = size * 8
+    size = size * FANOUT
   end
   if #missing > 0 then
     local found = redis.call('HMGET', tiles, unpack(missing))
@@ -327,14 +330,15 @@ return changed
 # numbers, sum and squares of (number - shift), floats, min, max, shift} as text, or with an
 # exact limit below 0 {2, rows}.
 _READ = (
-    _LUA_COMMON
+    _LUA_GEOMETRY
+    + _LUA_COMMON
     + """
 -- the tiles covering whole buckets [lo, hi): at most 7 per level on each side
 local function tile_fields(lo, hi, top)
   local left, right = {}, {}
   local size, level = 1, 0
   while lo < hi and level < top do
-    local parent = size * 8
+    local parent = size * FANOUT
     local up, down = math.ceil(lo / parent) * parent, math.floor(hi / parent) * parent
     if up >= down then break end
     while lo < up do
