@@ -133,7 +133,7 @@ def test_a_redis_that_lost_its_data_is_reloaded_from_the_offline_store(
         check(second, rows, seed=6, rounds=10)
 
 
-def test_redis_down_is_a_clear_error(tmp_path: Path) -> None:
+def test_redis_down_is_a_clear_error() -> None:
     with (
         server("redis://127.0.0.1:1/0") as client,
         pytest.raises(kr.KairosError, match="unreachable"),
@@ -276,3 +276,19 @@ def test_an_event_windows_in_redis_cannot_keep_is_refused_before_it_is_stored(
             client.write_events(Payment, [old])
         stored = client.offline_store().latest_rows("payment", ["at"])
     assert stored.num_rows == 0
+
+
+def test_a_stored_event_windows_in_redis_cannot_keep_does_not_stop_the_load(
+    url: str, tmp_path: Path
+) -> None:
+    offline = f"duckdb:///{tmp_path}/offline.duckdb"
+    old = {"id": "p0", "account_id": "a1", "amount": 1.0, "kind": "card",
+           "at": datetime(1600, 1, 1, tzinfo=UTC)}  # fmt: skip
+    recent = dict(old, id="p1", amount=2.0, at=T0)
+    with kr.Client(
+        definitions=[Payment, Account], query_log="none://", offline_store=offline
+    ) as in_process:  # windows in this process keep any time
+        in_process.write_events(Payment, [old, recent])
+    with server(url, offline=offline) as shared:
+        got = shared.query({"account.id": "a1"}, ["account.total[1d]"], now=T0)
+    assert got.errors == [] and got.get_value("account.total[1d]") == 2.0

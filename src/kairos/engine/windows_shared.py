@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -43,6 +44,8 @@ from kairos.stores.online.redis_windows import (
 )
 
 __all__ = ["EXACT", "SharedWindows", "windows_for"]
+
+logger = logging.getLogger(__name__)
 
 EXACT = 256  # windows with up to this many rows are answered from their rows
 _ALL_ROWS = 1 << 62
@@ -125,6 +128,10 @@ class _Shared:
         return found if read.floats or found is None else int(found)
 
 
+def _keepable(when: datetime) -> bool:
+    return -_LIMIT < to_micros(when) < _LIMIT
+
+
 def _tiled_text(value: Any) -> str:
     """A value as a tile script reads it: '' (null), 'i<int>', 'f<float>', or 'x': a value
     that is not a number, which counts but adds to no sum."""
@@ -194,8 +201,8 @@ class SharedWindows:
         rows: Sequence[dict[str, Any]],
         primary: str | None = None,
     ) -> int:
-        """Store events of `child` and what they add to its windows; returns how many events
-        changed (a retried delivery changes nothing)."""
+        """Store events of `child`, already passed by `check`, and what they add to its
+        windows; returns how many events changed (a retried delivery changes nothing)."""
         self._prepare()
         return self._write(child, fks, time_field, rows, primary)
 
@@ -242,7 +249,15 @@ class SharedWindows:
             )
             if self._loader is not None and not self.store.marker(loaded):
                 for child, fks, time_field, primary, rows in self._loader():
-                    self._write(child, fks, time_field, rows, primary, load=True)
+                    kept = [row for row in rows if _keepable(row[time_field])]
+                    if len(kept) < len(rows):
+                        logger.warning(
+                            "%d %s events from the offline store are outside the years "
+                            "1685-2255 windows in Redis keep; they are in no window",
+                            len(rows) - len(kept),
+                            child,
+                        )
+                    self._write(child, fks, time_field, kept, primary, load=True)
                 for series in every:
                     self.store.set_marker("built:" + series.name)
                 self.store.set_marker(loaded)
@@ -277,7 +292,6 @@ class SharedWindows:
             raise KairosError(f"events of {child} need an id to be shared between servers")
         every = self._by_child.get(child, ())
         events: list[tuple[EventRow, list[Contribution]]] = []
-        self.check(time_field, rows)
         for row in rows:
             micros = to_micros(row[time_field])
             event_id = encode_key(row.get(primary))
@@ -293,7 +307,7 @@ class SharedWindows:
     def check(self, time_field: str, rows: Sequence[dict[str, Any]]) -> None:
         for row in rows:
             when = row[time_field]
-            if not -_LIMIT < to_micros(when) < _LIMIT:
+            if not _keepable(when):
                 raise InvalidInput(
                     f"event time {when.isoformat()} is outside the years 1685-2255 that "
                     "windows in Redis keep exactly",
