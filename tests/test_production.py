@@ -12,7 +12,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -31,6 +30,7 @@ import redis
 from psycopg import sql
 
 import kairos as kr
+from tests.gateway.fake_upstream import free_port
 from tests.stores.conftest import REDIS_URL, delete_prefix, redis_available
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -84,12 +84,6 @@ def database() -> Iterator[str]:
         connection.execute(
             sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name))
         )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
