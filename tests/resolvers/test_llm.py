@@ -74,7 +74,8 @@ class Provider:
                 yield b"data: " + orjson.dumps(chunk) + b"\n\n"
             last = {"id": "c1", "object": "chat.completion.chunk", "created": 1,
                     "model": body["model"], "choices": [], "usage": usage,
-                    "kairos_timings": {"queue_ms": 1.5}}  # fmt: skip
+                    "kairos_timings": {"queue_ms": 1.5, "ttft_ms": 0.5, "decode_ms": 0.25,
+                                       "tokens_per_s": 1e6}}  # fmt: skip
             yield b"data: " + orjson.dumps(last) + b"\n\n"
             yield b"data: [DONE]\n\n"
 
@@ -217,6 +218,9 @@ def test_tokens_per_feature_sum_to_the_prompt_tokens(
     assert usage["tokenizer"] == "cl100k_base"
     assert usage["ttft_ms"] > 0 and usage["total_ms"] >= usage["ttft_ms"]
     assert usage["decode_ms"] >= 0 and usage["queue_ms"] == 1.5
+    # TTFT and decode are what the resolver saw (pieces 10 ms apart), not the engine's own
+    assert usage["ttft_ms"] >= 10 and usage["decode_ms"] >= 10
+    assert usage["tokens_per_s"] < 1e3
     # the call went through the gateway: one ledger row, billed to the key
     assert [(row.model_requested, row.tokens_in, row.tokens_out) for row in ledger] == [
         ("gpt-4", usage["prompt_tokens"], 3)

@@ -225,7 +225,11 @@ class CompletionResolver(Resolver[..., Any]):
         if isinstance(prompt_tokens, int) and tokenizer.exact:
             # chat formatting and special tokens: what the engine counted beyond the contents
             by_feature["(format)"] = max(prompt_tokens - counted, 0)
+        # the engine's own timings (a kairos worker's queue and prefill) fill what this side
+        # cannot see; TTFT, decode and totals are measured here, the same for every upstream
+        engine = {k: v for k, v in answer.timings.items() if k.endswith(("_ms", "_per_s"))}
         usage = {
+            **engine,
             "feature": self.output.fqn,
             "model": answer.model or options.model,
             "prompt_tokens": prompt_tokens,
@@ -234,15 +238,14 @@ class CompletionResolver(Resolver[..., Any]):
             "tokenizer": tokenizer.name,
             "exact": tokenizer.exact,
             "render_ms": round((assembled - started) * 1000, 3),
-            "ttft_ms": answer.ttft_ms,
+            "ttft_ms": answer.ttft_ms if answer.ttft_ms is not None else engine.get("ttft_ms"),
             "total_ms": round((finished - assembled) * 1000, 3),
-            **{k: v for k, v in answer.timings.items() if k.endswith(("_ms", "_per_s"))},
         }
         if answer.ttft_ms is not None and answer.decode_ms is not None:
-            usage.setdefault("decode_ms", answer.decode_ms)
+            usage["decode_ms"] = answer.decode_ms
             tokens = answer.usage.get("completion_tokens")
             if isinstance(tokens, int) and tokens > 1 and answer.decode_ms > 0:
-                usage.setdefault("tokens_per_s", round((tokens - 1) / answer.decode_ms * 1000, 2))
+                usage["tokens_per_s"] = round((tokens - 1) / answer.decode_ms * 1000, 2)
         if listening():  # the decision record: what was sent, who answered, what it cost
             report_llm(
                 {
