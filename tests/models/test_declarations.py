@@ -36,13 +36,19 @@ def test_an_unknown_input_feature_fails_when_the_project_loads(tmp_path: Path) -
 def test_the_models_block_of_kairos_yaml(tmp_path: Path) -> None:
     (tmp_path / "kairos.yaml").write_text(
         "models:\n  registry: sqlite:///m/models.db\n  volume: m/artifacts\n"
-        "  max_batch: 64\n  max_wait: 2ms\n  refresh: 1s\n"
+        "  max_batch: 64\n  max_wait: 2ms\n  threads: 2\n  refresh: 1s\n"
     )
     models = Config.load(tmp_path).models
     assert models.registry == f"sqlite:///{tmp_path / 'm' / 'models.db'}"
     assert models.volume == str(tmp_path / "m" / "artifacts")
     assert (models.max_batch, models.max_wait) == (64, timedelta(milliseconds=2))
     assert models.refresh == timedelta(seconds=1)
+    assert models.threads == 2
+    (tmp_path / "kairos.yaml").write_text("models:\n  threads: null\n")
+    assert Config.load(tmp_path).models.threads is None  # the process's own pools
+    (tmp_path / "kairos.yaml").write_text("models:\n  threads: 0\n")
+    with pytest.raises(kr.ProjectError, match=r"models\.threads.* got 0"):
+        Config.load(tmp_path)
     (tmp_path / "kairos.yaml").write_text("models:\n  max_batch: 0\n")
     with pytest.raises(kr.ProjectError, match=r"models\.max_batch"):
         Config.load(tmp_path)

@@ -44,7 +44,7 @@ _KEYS = {
     "streams",
     "gateway",  # read by kairos.gateway.GatewayConfig
 }
-_MODELS_KEYS = {"registry", "volume", "max_batch", "max_wait", "refresh"}
+_MODELS_KEYS = {"registry", "volume", "max_batch", "max_wait", "threads", "refresh"}
 _SERVER_KEYS = {"host", "port", "keys"}
 
 
@@ -76,6 +76,7 @@ class ModelsConfig:
       volume: .kairos/models                   # default; or any fsspec URL (s3://bucket/m)
       max_batch: 1024                          # rows per model call
       max_wait: 0ms                            # hold a batch open this long for more requests
+      threads: 1                               # OpenMP threads per model call (null: all)
       refresh: 5s                              # how often aliases moved elsewhere are noticed
     """
 
@@ -83,6 +84,7 @@ class ModelsConfig:
     volume: str | None = None  # None: <project>/.kairos/models
     max_batch: int = 1024
     max_wait: timedelta = timedelta(0)
+    threads: int | None = 1  # a predictor's OpenMP threads; None: the process default
     refresh: timedelta = timedelta(seconds=5)
 
 
@@ -225,6 +227,14 @@ def _models(raw: Any, folder: Path, path: Path) -> ModelsConfig:
     batch = raw.get("max_batch", 1024)
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise ProjectError(f"{path}: `models.max_batch` is a number of rows >= 1, got {batch!r}")
+    threads = raw.get("threads", 1)
+    if threads is not None and (
+        not isinstance(threads, int) or isinstance(threads, bool) or threads < 1
+    ):
+        raise ProjectError(
+            f"{path}: `models.threads` is a number of threads >= 1, or null for the process "
+            f"default, got {threads!r}"
+        )
     volume = raw.get("volume")
     if volume is not None:
         text = interpolate(str(volume), f"{path} models.volume")
@@ -235,6 +245,7 @@ def _models(raw: Any, folder: Path, path: Path) -> ModelsConfig:
         volume=volume,
         max_batch=batch,
         max_wait=parse_duration(raw.get("max_wait", 0), field=f"{path} models.max_wait"),
+        threads=threads,
         refresh=parse_duration(raw.get("refresh", "5s"), field=f"{path} models.refresh"),
     )
 

@@ -60,6 +60,7 @@ class Models:
             ArtifactVolume(volume),
             max_batch=config.max_batch,
             max_wait=config.max_wait.total_seconds(),
+            threads=config.threads,
         )
         self._refresh = config.refresh.total_seconds()
         self._graph = graph

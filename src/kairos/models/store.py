@@ -35,11 +35,13 @@ class ModelStore:
         *,
         max_batch: int = 1024,
         max_wait: float = 0.0,
+        threads: int | None = 1,
     ) -> None:
         self.registry = registry
         self.volume = volume
         self.max_batch = max_batch
         self.max_wait = max_wait
+        self.threads = threads  # native threads of each predictor's model calls
         self._predictors: dict[tuple[str, int], Predictor] = {}
         self._lock = threading.Lock()
 
@@ -138,6 +140,7 @@ class ModelStore:
                     raw=str(record.extra.get("raw", "value")),
                     max_batch=self.max_batch,
                     max_wait=self.max_wait,
+                    threads=self.threads,
                     label=record.label,
                 )
                 self._predictors[key] = found

@@ -115,7 +115,7 @@ class ModelResolver(Resolver[..., Any]):
                     f"model {self.record.label} input {name!r} ({self.options.inputs[index]!r})"
                     f" must be a number; got {column[:3]!r}"
                 ) from None
-        out = await asyncio.wrap_future(predictor.submit(matrix))
+        out = await predictor.submit_async(matrix)
         if listening():  # the decision record keeps the exact vectors the model was given
             report_model(
                 {
