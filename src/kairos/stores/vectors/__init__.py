@@ -16,6 +16,7 @@ from kairos.backends import URL, connect, parse, redact
 from kairos.errors import KairosError
 from kairos.stores.vectors.base import OPERATORS, Condition, Document, Hit, VectorIndex
 from kairos.stores.vectors.embedded import EmbeddedVectorIndex
+from kairos.stores.vectors.pgvector import PgVectorIndex
 
 __all__ = [
     "OPERATORS",
@@ -23,6 +24,7 @@ __all__ = [
     "Document",
     "EmbeddedVectorIndex",
     "Hit",
+    "PgVectorIndex",
     "VectorIndex",
     "open_vector_index",
 ]
@@ -59,6 +61,7 @@ def open_vector_index(url: str, name: str, dimensions: int) -> VectorIndex:
         parsed,
         {
             "file": file,
+            "postgresql": lambda parsed: PgVectorIndex(url, name, dimensions),
         },
         unknown=unknown,
     )

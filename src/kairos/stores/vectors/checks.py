@@ -70,10 +70,10 @@ def unit_vectors(documents: Sequence[Document], dimensions: int) -> Vector:
 
 def check_document(document: Document) -> None:
     """The parts of a document other than its vector: id, time, attributes."""
-    if not isinstance(document.id, str) or not document.id:
+    if not isinstance(document.id, str) or not document.id or "\x00" in document.id:
         raise InvalidInput(
-            f"document id {document.id!r} is not a non-empty str; give every document a "
-            "str id (the same id for each version of one document)",
+            f"document id {document.id!r} is not a non-empty str without NUL; give every "
+            "document a str id (the same id for each version of one document)",
             field="id",
         )
     check_time(document.observed_at, what=f"document {document.id!r}: observed_at")
@@ -173,6 +173,12 @@ def _check_scalar(column: str, value: object) -> None:
 
 
 def _check_json(value: object, *, what: str) -> None:
+    if isinstance(value, str) and "\x00" in value:
+        raise InvalidInput(
+            f"{what}: {_preview(value)} holds a NUL character, which PostgreSQL cannot store; "
+            "remove it",
+            field="attributes",
+        )
     if value is None or isinstance(value, str | bool | int):
         return
     if isinstance(value, float):
