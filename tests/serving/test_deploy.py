@@ -65,6 +65,25 @@ def test_the_llamacpp_command_runs_kairos_worker() -> None:
     }
 
 
+def test_pinned_replicas_take_their_cores_in_turn() -> None:
+    spec = DeploymentSpec(name="tiny", model="/m/tiny.gguf", replicas=3, cpus=((0,), (1, 2)))
+    cores = []
+    for index in range(3):
+        command = engine_command(spec, 8200 + index, index=index)
+        cores.append(command[command.index("--cpus") + 1])
+    assert cores == ["0", "1,2", "0"]
+    assert "--cpus" not in engine_command(DeploymentSpec(name="t", model="m.gguf"), 8200)
+
+
+def test_cpus_on_the_command_line() -> None:
+    from kairos.cli.deploy import spec_from_args
+
+    args = _parser().parse_args(["deploy", "llm", "g", "--cpus", "0", "--cpus", "1,3"])
+    assert spec_from_args(args).cpus == ((0,), (1, 3))
+    with pytest.raises(SystemExit):  # argparse names the flag and the value
+        _parser().parse_args(["deploy", "llm", "g", "--cpus", "zero"])
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
@@ -74,6 +93,9 @@ def test_the_llamacpp_command_runs_kairos_worker() -> None:
         ({"replicas": 3, "max_replicas": 2}, "replicas"),
         ({"name": ""}, "name"),
         ({"ctx": 4}, "ctx"),
+        ({"cpus": ((0,),), "engine": "vllm"}, "cpus"),
+        ({"cpus": ((),)}, "cpus"),
+        ({"cpus": ((0, -1),)}, "cpus"),
     ],
 )
 def test_a_bad_spec_names_the_setting(kwargs: dict[str, object], field: str) -> None:

@@ -188,3 +188,31 @@ def test_a_hung_replica_is_replaced(tiny_model: Path, tmp_path: Path) -> None:
             assert (await complete(group))["usage"]["completion_tokens"] == 4
 
     asyncio.run(run())
+
+
+def threads_cores(pid: int) -> set[str]:
+    """The `Cpus_allowed_list` of every thread of process `pid`."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                found.add(line.split(":", 1)[1].strip())
+    return found
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable cores")
+def test_pinned_replicas_run_every_thread_on_their_own_core(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+
+    async def run() -> None:
+        pinned = spec(tiny_model, replicas=2, cpus=((first,), (second,)))
+        async with DeploymentGroup(pinned, log_dir=tmp_path) as group:
+            await asyncio.gather(*(complete(group) for _ in range(4)))  # llama.cpp's threads up
+            by_replica = {r.index: r.process.pid for r in group.replicas if r.process}
+            assert threads_cores(by_replica[0]) == {str(first)}
+            assert threads_cores(by_replica[1]) == {str(second)}
+            assert len(list(Path(f"/proc/{by_replica[0]}/task").iterdir())) > 1
+
+    asyncio.run(run())

@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -302,3 +306,15 @@ def test_metrics_expose_queue_and_latency_histograms(worker: str) -> None:
     ):
         assert f"\n{name}" in text, name
     assert _metric(worker, "kairos_llm_request_queue_time_seconds_count") >= 1
+
+
+def test_cores_the_process_may_not_use_are_refused_by_name(tiny_model: Path) -> None:
+    missing = max(os.sched_getaffinity(0)) + 64
+    done = subprocess.run(
+        [sys.executable, "-m", "kairos.serving.worker", "--model", str(tiny_model),
+         "--cpus", str(missing)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert f"--cpus {missing} cannot be used" in done.stderr
+    assert "this process may run on cores" in done.stderr

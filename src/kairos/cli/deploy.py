@@ -1,6 +1,7 @@
 """`kairos deploy llm NAME`: start and supervise a group of open-weight model replicas.
 
 kairos deploy llm gemma --engine llamacpp --replicas 2 --max-replicas 4 --threads 1
+kairos deploy llm gemma --replicas 2 --threads 1 --cpus 0 --cpus 1     # one core per replica
 kairos deploy llm qwen --engine vllm --model Qwen/Qwen2.5-7B-Instruct --replicas 2
 
 Runs in the foreground, printing readiness, restarts and scaling, until Ctrl-C or SIGTERM; then
@@ -32,7 +33,7 @@ from kairos.errors import KairosError
 from kairos.gateway import Gateway, GatewayConfig
 from kairos.gateway.app import create_gateway_app
 from kairos.http.server import Server
-from kairos.serving.deploy import ENGINES, DeploymentSpec
+from kairos.serving.deploy import ENGINES, DeploymentSpec, cores_argument
 from kairos.serving.group_provider import DeploymentProvider, gateway_entries
 from kairos.serving.supervisor import DeploymentGroup
 
@@ -52,6 +53,9 @@ def add_deploy_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     llm.add_argument("--port-base", type=int, help="replica i listens on PORT_BASE+i")
     llm.add_argument("--ctx", type=int, default=2048, help="context length (vllm: max-model-len)")
     llm.add_argument("--threads", type=int, help="llamacpp: CPU threads per replica")
+    llm.add_argument("--cpus", type=cores_argument, action="append", default=[],
+                     metavar="N[,N...]", help="llamacpp: the cores of one replica (repeat: "
+                     "one per replica, reused in turn), e.g. --cpus 0 --cpus 1")  # fmt: skip
     llm.add_argument("--seed", type=int, default=0)
     llm.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm")
     llm.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm")
@@ -87,6 +91,7 @@ def spec_from_args(args: argparse.Namespace) -> DeploymentSpec:
         port_base=args.port_base,
         ctx=args.ctx,
         threads=args.threads,
+        cpus=tuple(args.cpus),
         seed=args.seed,
         gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel_size=args.tensor_parallel_size,

@@ -17,6 +17,7 @@ Engines:
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass, field
 
@@ -57,6 +58,9 @@ class DeploymentSpec:
     port_base: int | None = None  # replica i listens on port_base + i; None: free ports
     ctx: int = 2048  # context length (vllm: --max-model-len)
     threads: int | None = None  # llamacpp: CPU threads per replica
+    # llamacpp: the cores each replica's process runs on; replica i gets cpus[i % len(cpus)]
+    # (e.g. ((0,), (1,)): one core each); (): wherever the OS puts it
+    cpus: tuple[tuple[int, ...], ...] = ()
     seed: int = 0
     gpu_memory_utilization: float = 0.9  # vllm
     tensor_parallel_size: int = 1  # vllm
@@ -91,6 +95,19 @@ class DeploymentSpec:
                 f"({high}): adjust --min-replicas/--max-replicas",
                 field="replicas",
             )
+        if self.cpus and self.engine != "llamacpp":
+            raise InvalidInput(
+                f"cpus={self.cpus!r} pins llamacpp replicas only; for {self.engine!r} leave it "
+                "empty",
+                field="cpus",
+            )
+        bad = [group for group in self.cpus if not group or any(c < 0 for c in group)]
+        if bad:
+            raise InvalidInput(
+                f"cpus={self.cpus!r}: {bad[0]!r} is not a set of core numbers; give each "
+                "replica one or more cores >= 0, e.g. ((0,), (1,))",
+                field="cpus",
+            )
         if self.ctx < 16:
             raise InvalidInput(f"ctx={self.ctx} is too small: use at least 16", field="ctx")
 
@@ -107,8 +124,10 @@ class DeploymentSpec:
         return ENGINE_KINDS[self.engine]
 
 
-def engine_command(spec: DeploymentSpec, port: int, *, parent_pid: int | None = None) -> list[str]:
-    """The argv one replica runs, listening on `port`."""
+def engine_command(
+    spec: DeploymentSpec, port: int, *, parent_pid: int | None = None, index: int = 0
+) -> list[str]:
+    """The argv replica `index` runs, listening on `port`."""
     if spec.engine == "vllm":
         command = [
             "vllm", "serve", spec.model,
@@ -133,6 +152,8 @@ def engine_command(spec: DeploymentSpec, port: int, *, parent_pid: int | None = 
     ]  # fmt: skip
     if spec.threads is not None:
         command += ["--threads", str(spec.threads)]
+    if spec.cpus:
+        command += ["--cpus", ",".join(str(c) for c in spec.cpus[index % len(spec.cpus)])]
     if parent_pid is not None:
         command += ["--parent-pid", str(parent_pid)]
     return [*command, *spec.extra_args]
@@ -146,3 +167,16 @@ def engine_env(spec: DeploymentSpec, index: int) -> dict[str, str]:
         gpus = range(first, first + spec.tensor_parallel_size)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     return env
+
+
+def cores_argument(value: str) -> tuple[int, ...]:
+    """`--cpus 0,1` on a command line: the cores one process runs on."""
+    try:
+        cores = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        cores = ()
+    if not cores or min(cores) < 0:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a list of core numbers; give e.g. 0 or 0,1"
+        )
+    return cores

@@ -190,7 +190,9 @@ class DeploymentGroup:
         return replica
 
     def _launch(self, replica: Replica) -> None:
-        command = engine_command(self.spec, replica.port, parent_pid=os.getpid())
+        command = engine_command(
+            self.spec, replica.port, parent_pid=os.getpid(), index=replica.index
+        )
         if replica._log is None:
             replica._log = replica.log_path.open("ab")
         env = {**os.environ, **engine_env(self.spec, replica.index)}

@@ -38,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from kairos.serving.deploy import cores_argument
 from kairos.serving.errors import EngineNotReady, LLMRequestError, UnknownLLM
 from kairos.serving.llamacpp import EngineConfig, Finished, Job, LlamaCppEngine, Piece
 from kairos.serving.metrics import WorkerMetrics
@@ -57,6 +58,7 @@ class WorkerConfig:
     port: int = 8200
     parent_pid: int | None = None  # exit when this process goes away (a supervisor's child)
     graceful_s: float = 30.0  # on SIGTERM, how long in-flight requests may still run
+    cpus: tuple[int, ...] = ()  # run every thread of the process on these cores; (): anywhere
 
 
 class Worker:
@@ -353,6 +355,8 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
     parser.add_argument("--port", type=int, default=8200)
     parser.add_argument("--ctx", type=int, default=2048, help="context length in tokens")
     parser.add_argument("--threads", type=int, help="CPU threads (default: llama.cpp's)")
+    parser.add_argument("--cpus", type=cores_argument, default=(), metavar="N[,N...]",
+                        help="run every thread (llama.cpp's too) on these cores")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chat-format", help="a llama-cpp chat format instead of the GGUF's")
     parser.add_argument("--parent-pid", type=int, help="exit when this process is gone")
@@ -372,13 +376,32 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
         port=args.port,
         parent_pid=args.parent_pid,
         graceful_s=args.graceful,
+        cpus=args.cpus,
     )
+
+
+def pin(cores: Sequence[int]) -> None:
+    """Run every thread of this process on `cores`: those already running (an import may have
+    started one) and, since Linux threads inherit their creator's affinity, those started
+    after (llama.cpp's, the server's)."""
+    try:
+        for thread in os.listdir("/proc/self/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that has since ended
+                os.sched_setaffinity(int(thread), set(cores))
+    except OSError as error:
+        usable = sorted(os.sched_getaffinity(0))
+        raise SystemExit(
+            f"kairos-llm-worker: --cpus {','.join(map(str, cores))} cannot be used ({error}); "
+            f"this process may run on cores {usable}"
+        ) from None
 
 
 def serve(config: WorkerConfig) -> int:
     """Run the worker until SIGINT/SIGTERM; exit 3 when the model cannot be loaded."""
     import uvicorn
 
+    if config.cpus:
+        pin(config.cpus)
     worker = Worker(config)
     server = uvicorn.Server(
         uvicorn.Config(
