@@ -18,6 +18,7 @@ import pyarrow as pa
 from kairos.client.offline import Datasets, OfflineResult
 from kairos.client.runtime import FeatureNames
 from kairos.definitions.durations import DurationLike, parse_duration
+from kairos.definitions.frame import DataFrame
 from kairos.engine.result import BulkResult, ColumnData
 from kairos.engine.values import to_utc
 from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError
@@ -249,7 +250,7 @@ def snapshot_values(values: dict[str, ColumnData]) -> dict[str, ColumnData]:
     objects and may change them before the writer thread reads them."""
     kept = values
     for name, column in values.items():
-        if any(type(value) in CONTAINERS for value in column.values):
+        if any(type(value) in CONTAINERS or type(value) is DataFrame for value in column.values):
             if kept is values:
                 kept = dict(values)
             copied = [copied_value(value) for value in column.values]
@@ -264,6 +265,8 @@ def copied_value(value: Any) -> Any:
     """`value` with its lists and dicts copied, all the way down (other values are kept:
     scalars, datetimes, tuples)."""
     kind = type(value)
+    if kind is DataFrame:  # has-many rows are kept as dicts
+        return [copied_value(item) for item in value.rows]
     if kind is list:
         return [copied_value(item) for item in value]
     if kind is dict:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeAlias, TypeVar, TypeVarTuple
 
 from kairos.definitions import expressions as ex
-from kairos.definitions.feature import ref_of
+from kairos.definitions.frame import DataFrame as DataFrame  # re-exported: defined beside
+from kairos.definitions.frame import DataFrameSpec as DataFrameSpec
 
 T = TypeVar("T")
 
@@ -111,65 +111,6 @@ else:
 @dataclass(frozen=True)
 class FeaturesSpec:
     items: tuple[Any, ...]
-
-
-@dataclass(frozen=True)
-class DataFrameSpec:
-    """`DataFrame[Transaction]` or `DataFrame[Transaction.id, Transaction.amount]`."""
-
-    items: tuple[Any, ...]
-
-
-class DataFrame(Generic[T]):
-    """Rows of a has-many feature, as a resolver receives and may return them.
-
-    `DataFrame[Transaction]` in an annotation declares a has-many feature. A value is a list of
-    rows keyed by the child's feature names:
-
-    >>> df = DataFrame([{"amount": 3.0}, {"amount": 4.5}])
-    >>> len(df), df["amount"]
-    (2, [3.0, 4.5])
-    """
-
-    __slots__ = ("rows",)
-
-    def __class_getitem__(cls, items: Any) -> Any:
-        return DataFrameSpec(items if isinstance(items, tuple) else (items,))
-
-    def __init__(self, rows: Any = ()) -> None:
-        self.rows: list[dict[str, Any]] = [dict(r) for r in rows]
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter(self.rows)
-
-    def __getitem__(self, column: Any) -> list[Any]:
-        ref = ref_of(column)
-        name = ref.name if ref is not None else column
-        return [row.get(name) for row in self.rows]
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, DataFrame) and self.rows == other.rows
-
-    def __hash__(self) -> int:
-        return hash(tuple(tuple(sorted(r.items())) for r in self.rows))
-
-    def __repr__(self) -> str:
-        return f"DataFrame({len(self.rows)} rows)"
-
-    @property
-    def columns(self) -> list[str]:
-        seen: dict[str, None] = {}
-        for row in self.rows:
-            seen.update(dict.fromkeys(row))
-        return list(seen)
-
-    def to_pandas(self) -> Any:
-        import pandas as pd  # optional, only when asked for
-
-        return pd.DataFrame(self.rows)
 
 
 # --- value types -------------------------------------------------------------------------

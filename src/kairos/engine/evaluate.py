@@ -16,6 +16,8 @@ from typing import Any
 
 from kairos.definitions import expressions as ex
 from kairos.definitions.binding import Field, Rows, Slot
+from kairos.definitions.frame import DataFrame
+from kairos.engine import columnar
 from kairos.errors import DefinitionError
 
 Compiled = Callable[[Sequence[Any], datetime, dict[str, Any] | None], Any]
@@ -216,8 +218,17 @@ def _aggregate(tree: ex.Agg) -> Compiled:
     kind = tree.fn
     # Like SQL: count() counts rows, count() of a projected column counts its non-null values.
     counts_rows = isinstance(tree.base, Rows) and not tree.base.projections
+    # rows held as Arrow columns are aggregated vectorized (same answers, see columnar.py)
+    vectorized = columnar.compile_aggregate(tree, compile_expression)
+    base = tree.base.base if isinstance(tree.base, Rows) else None
+    slot = base.index if isinstance(base, Slot) else 0
 
     def aggregate(slots: Sequence[Any], now: datetime, row: dict[str, Any] | None) -> Any:
+        if vectorized is not None and isinstance(frame := slots[slot], DataFrame):
+            try:
+                return vectorized(frame, slots, now)
+            except Exception:  # no exact vectorized form for these values: rows below
+                pass
         selected = rows(slots, now, row)
         if selected is None:
             return None
@@ -235,8 +246,8 @@ def aggregate_values(kind: str, values: list[Any]) -> Any:
         return len(values)
     if kind == "sum":
         return sum(values) if values else 0
-    if kind == "distinct_count":
-        return len(set(values))
+    if kind == "distinct_count":  # NaNs count as one value (however many NaN objects)
+        return len({v for v in values if v == v}) + any(v != v for v in values)
     if not values:
         return None
     if kind == "mean":

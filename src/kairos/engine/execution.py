@@ -26,7 +26,7 @@ from kairos.definitions.graph import Graph
 from kairos.definitions.types import DataFrame, ValueType
 from kairos.engine.evaluate import Compiled, compile_expression
 from kairos.engine.result import ColumnData, FeatureError, NodeTiming
-from kairos.engine.rows import normalize_rows, select_rows
+from kairos.engine.rows import Selection, compile_selection, normalize_rows, select_rows
 from kairos.engine.values import check
 from kairos.engine.windows import WindowIndex, Windows
 from kairos.errors import InvalidValue
@@ -82,7 +82,7 @@ class Engine:
         self.windows: Windows = windows or WindowIndex()  # events written to kairos, and aggregates
         self.observe = observe  # collect computed values for the offline store
         self._compiled: dict[tuple[str, str], Compiled] = {}
-        self._inputs: dict[tuple[str, str], tuple[list[Compiled], list[Compiled]]] = {}
+        self._inputs: dict[tuple[str, str], Selection] = {}
 
     def compiled(self, bound: BoundExpression, column: str) -> Compiled:
         key = (bound.namespace, column)
@@ -91,14 +91,13 @@ class Engine:
             found = self._compiled[key] = compile_expression(bound.tree)
         return found
 
-    def compiled_input(self, param: BoundInput) -> tuple[list[Compiled], list[Compiled]]:
+    def compiled_input(self, param: BoundInput) -> Selection:
         """Filters and projections of a has-many resolver input, compiled once."""
         key = ("input", str(id(param)))
         found = self._inputs.get(key)
         if found is None:
-            found = self._inputs[key] = (
-                [compile_expression(f) for f in param.filters],
-                [compile_expression(p) for p in param.projections],
+            found = self._inputs[key] = compile_selection(
+                param.filters, param.projections, param.columns
             )
         return found
 
@@ -123,7 +122,7 @@ class Engine:
             await run.execute(needed)
         await run.write_back()
         return RunOutcome(
-            {name: run.cols[name] for name in plan.outputs},
+            {name: _plain(run.cols[name]) for name in plan.outputs},
             run.trace,
             run.hits,
             run.computed,
@@ -411,6 +410,9 @@ class _Run:
         key = key_values[row] if key_values is not None else None
         if key is None or node is None or node.key is None:
             return
+        keeps = self.max_staleness_declared(column) or (self.engine.observe and self.present)
+        if isinstance(value, DataFrame) and keeps:
+            value = value.rows  # has-many rows leave the engine as dicts
         if self.engine.observe and self.present and source != "events":
             # every computed value goes to the offline store (not events' own rows, which
             # kairos already holds, and nothing "observed" at a future `now`)
@@ -570,10 +572,7 @@ class _Run:
                 continue
             value = self.cols[column].values[row]
             if param.info is not None and param.info.kind == "has_many":
-                filters, projections = self.engine.compiled_input(param)
-                value = DataFrame(
-                    select_rows(value or [], filters, projections, param.columns, self.nows[row])
-                )
+                value = select_rows(value, self.engine.compiled_input(param), self.nows[row])
             args.append(value)
         return args
 
@@ -643,6 +642,14 @@ class _Run:
             self.timed(None, "cache", "online store write", start, len(self.fresh), "error")
             return
         self.timed(None, "cache", "online store write", start, len(self.fresh), "ok")
+
+
+def _plain(column: ColumnData) -> ColumnData:
+    """An output column with has-many rows as lists of dicts, as callers have always had."""
+    if not any(isinstance(v, DataFrame) for v in column.values):
+        return column
+    values = [v.rows if isinstance(v, DataFrame) else v for v in column.values]
+    return ColumnData(values, column.observed_at, column.source, column.errors)
 
 
 def _output_name(key: Any) -> str:
