@@ -18,7 +18,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+# A vector as callers hold one: a list of floats or a numpy array (any float dtype).
+VectorLike: TypeAlias = Sequence[float] | npt.NDArray[np.floating[Any]]
 
 Operator = Literal["==", "!=", "<", "<=", ">", ">=", "in"]
 OPERATORS: tuple[str, ...] = ("==", "!=", "<", "<=", ">", ">=", "in")
@@ -40,7 +46,7 @@ class Document:
 
     id: str
     observed_at: datetime  # timezone-aware UTC
-    vector: Sequence[float]
+    vector: VectorLike
     attributes: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -64,7 +70,7 @@ class VectorIndex(Protocol):
 
     async def search(
         self,
-        query: Sequence[float],
+        query: VectorLike,
         k: int,
         *,
         as_of: datetime,

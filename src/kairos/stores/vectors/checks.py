@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kairos.errors import InvalidInput
-from kairos.stores.vectors.base import OPERATORS, Condition, Document
+from kairos.stores.vectors.base import OPERATORS, Condition, Document, VectorLike
 
 Vector = npt.NDArray[np.float32]
 # Condition values a backend compares: JSON scalars (a str, a number, a bool).
@@ -25,7 +25,7 @@ Scalar = str | int | float | bool
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def unit_vector(values: Sequence[float], *, dimensions: int, what: str) -> Vector:
+def unit_vector(values: VectorLike, *, dimensions: int, what: str) -> Vector:
     """`values` as float32 scaled to length 1 (cosine distance is then 1 - dot product)."""
     try:
         vector = np.asarray(values, dtype=np.float32)

@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kairos.errors import InvalidInput, KairosError
-from kairos.stores.vectors.base import Condition, Document, Hit
+from kairos.stores.vectors.base import Condition, Document, Hit, VectorLike
 from kairos.stores.vectors.checks import (
     Vector,
     check_conditions,
@@ -101,6 +101,10 @@ class EmbeddedVectorIndex:
         self._columns = Columns()
         # id -> its versions as sorted (observed_at µs, row)
         self._versions: dict[str, list[tuple[int, int]]] = {}
+        # The newest version of each id, and the latest observed_at: a search as of a time at
+        # or after it (an online query) reads this mask instead of computing one.
+        self._newest: Mask = np.zeros(0, np.bool_)
+        self._latest = np.iinfo(np.int64).min
         self._graph: hnswlib.Index | None = None
         self._in_graph = 0  # rows [0, _in_graph) are in the graph
         self._stale: set[int] = set()  # rows in the graph whose vector was overwritten
@@ -200,8 +204,11 @@ class EmbeddedVectorIndex:
         versions.insert(place, (observed, row))
         following = versions[place + 1][0] if place + 1 < len(versions) else NEVER
         self._valid_to[row] = following
+        self._newest[row] = following == NEVER
+        self._latest = max(self._latest, observed)
         if place > 0:
             self._valid_to[versions[place - 1][1]] = observed
+            self._newest[versions[place - 1][1]] = False
 
     def _reserve(self, rows: int) -> None:
         if rows <= len(self._observed):
@@ -213,7 +220,10 @@ class EmbeddedVectorIndex:
         observed[: self._count] = self._observed[: self._count]
         valid_to = np.empty(capacity, np.int64)
         valid_to[: self._count] = self._valid_to[: self._count]
+        newest = np.zeros(capacity, np.bool_)
+        newest[: self._count] = self._newest[: self._count]
         self._vectors, self._observed, self._valid_to = vectors, observed, valid_to
+        self._newest = newest
         self._columns.reserve(capacity)
         if self._graph is not None and self._graph.get_max_elements() < capacity:
             self._graph.resize_index(capacity)
@@ -243,7 +253,7 @@ class EmbeddedVectorIndex:
 
     async def search(
         self,
-        query: Sequence[float],
+        query: VectorLike,
         k: int,
         *,
         as_of: datetime,
@@ -263,10 +273,17 @@ class EmbeddedVectorIndex:
         with self._lock:
             self._check_open()
             n = self._count
-            eligible = (self._observed[:n] <= now) & (self._valid_to[:n] > now)
+            if now >= self._latest:
+                eligible = self._newest[:n]
+                count = len(self._versions)
+            else:
+                eligible = (self._observed[:n] <= now) & (self._valid_to[:n] > now)
+                count = -1
             for condition in conditions:
-                eligible &= self._columns.mask(condition, rows=n)
-            count = int(np.count_nonzero(eligible))
+                eligible = eligible & self._columns.mask(condition, rows=n)
+                count = -1
+            if count < 0:
+                count = int(np.count_nonzero(eligible))
             want = min(k, count)
             if want == 0:
                 return []

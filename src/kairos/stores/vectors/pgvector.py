@@ -36,7 +36,7 @@ import orjson
 from kairos.backends import postgres
 from kairos.backends.url import redact, scrub
 from kairos.errors import BackendUnavailable, InvalidInput, KairosError
-from kairos.stores.vectors.base import Condition, Document, Hit
+from kairos.stores.vectors.base import Condition, Document, Hit, VectorLike
 from kairos.stores.vectors.checks import (
     Vector,
     check_conditions,
@@ -226,7 +226,7 @@ class PgVectorIndex:
 
     async def search(
         self,
-        query: Sequence[float],
+        query: VectorLike,
         k: int,
         *,
         as_of: datetime,
