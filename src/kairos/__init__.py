@@ -16,6 +16,7 @@ from kairos.definitions import (
     FeatureTime,
     Now,
     Primary,
+    Vector,
     Windowed,
     _,
     coalesce,
@@ -26,6 +27,7 @@ from kairos.definitions import (
     windowed,
 )
 from kairos.definitions.completion import completion, completion_usage, embedding, message
+from kairos.definitions.nearest import nearest, parent
 from kairos.engine import BulkResult, FeatureError, FeatureValue, NodeTiming, QueryResult
 from kairos.errors import (
     AmbiguousResolvers,
@@ -70,6 +72,7 @@ __all__ = [
     "ProjectError",
     "QueryResult",
     "UnknownFeature",
+    "Vector",
     "Windowed",
     "_",
     "coalesce",
@@ -80,8 +83,10 @@ __all__ = [
     "features",
     "if_then_else",
     "message",
+    "nearest",
     "offline",
     "online",
+    "parent",
     "predict",
     "windowed",
 ]

@@ -38,6 +38,7 @@ from kairos.client.project import Project
 from kairos.client.ray_engine import Rebuild, recompute_engine
 from kairos.client.replay import ReplayResult, replay, replay_runtime
 from kairos.client.runtime import FeatureNames, OfflineHistory, Runtime, plan_with
+from kairos.client.vectors import VectorFeatures
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.graph import Graph
 from kairos.definitions.windows import indexed_window
@@ -58,8 +59,9 @@ from kairos.gateway import Gateway
 from kairos.planner.plan import Plan
 from kairos.planner.planner import Planner
 from kairos.resolvers.calls import CALLS, Calls
-from kairos.resolvers.llm import llm_resolvers
+from kairos.resolvers.llm import EmbeddingResolver, llm_resolvers
 from kairos.resolvers.model import ModelResolver
+from kairos.resolvers.nearest import nearest_resolvers
 from kairos.resolvers.registry import ResolverSet
 from kairos.sources import source_from_config
 from kairos.stores.datasets import DatasetStore
@@ -98,6 +100,7 @@ class Client:
         max_workers: int = 32,
         gateway: Gateway | None = None,
         llm_key: str | None = None,
+        vectors: str | None = None,
     ) -> None:
         if isinstance(project, Project):
             loaded = project
@@ -134,7 +137,20 @@ class Client:
             self.config.llm.tokenizers,
             self.config.llm.context,
         )
-        declared = (*self.project.resolvers, *llm_resolvers(self.graph, lambda: self.llm))
+        llm = llm_resolvers(self.graph, lambda: self.llm)
+        # `kr.nearest` features search an index per vector feature, opened on first use
+        self.vectors = VectorFeatures(
+            self.graph,
+            vectors
+            or self.config.vectors
+            or str((self.config.base_dir or Path.cwd()) / ".kairos" / "vectors"),
+            {(r.output.root, r.output.name): r for r in llm if isinstance(r, EmbeddingResolver)},
+        )
+        declared = (
+            *self.project.resolvers,
+            *llm,
+            *nearest_resolvers(self.graph, self.vectors.index),
+        )
         timeout = (
             self.config.resolver_timeout
             if default_timeout is None
@@ -526,12 +542,18 @@ class Client:
         namespace = events_of if isinstance(events_of, str) else self.graph.namespace_of(events_of)
         info = event_class(self.graph, namespace)
         typed = typed_events(info, rows)
+        # a searched class's rows get their vectors (computed if not given) before anything
+        # is kept, so a row whose embedding fails leaves nothing half-written
+        searched = bool(self.vectors.searched(namespace))
+        documents = self._sync(self.vectors.documents(info, typed)) if searched else {}
         self.windows.check(str(info.feature_time), typed)  # refused before anything is kept
         if self.offline_writer is not None:  # durable first: an acknowledged event is kept
             persist(self.offline_store(), info, typed)
         self.windows.write(
             namespace, foreign_keys(info), str(info.feature_time), typed, info.primary
         )
+        if documents:
+            self._sync(self.vectors.write(documents))
         return len(typed)
 
     def fetch(
@@ -773,6 +795,7 @@ class Client:
         await self.store.close()
         self.windows.close()
         await asyncio.to_thread(self.models.close)
+        await self.vectors.close()
         await self.llm.aclose()
 
     def close(self) -> None:

@@ -5,6 +5,7 @@
       warehouse: postgresql://kairos:${PG_PASSWORD}@db:5432/bank
     online_store: redis://127.0.0.1:6379/0     # default memory://
     query_log: sqlite:///.kairos/query_log.db   # default for a project folder
+    vectors: .kairos/vectors                    # kr.nearest indexes; or postgresql://...
     resolver_timeout: 5s
     server:
       host: 127.0.0.1
@@ -42,6 +43,7 @@ _KEYS = {
     "models",
     "llm",
     "streams",
+    "vectors",
     "gateway",  # read by kairos.gateway.GatewayConfig
 }
 _MODELS_KEYS = {"registry", "volume", "max_batch", "max_wait", "threads", "refresh"}
@@ -119,6 +121,7 @@ class Config:
     models: ModelsConfig = field(default_factory=ModelsConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     streams: Mapping[str, Any] = field(default_factory=dict)  # name -> a streams: entry
+    vectors: str | None = None  # kr.nearest indexes: a folder or postgresql://; None: .kairos/
 
     @classmethod
     def load(cls, folder: Path) -> Config:
@@ -128,6 +131,7 @@ class Config:
             base_dir=folder,
             query_log=f"sqlite:///{folder / '.kairos' / 'query_log.db'}",
             offline_store=f"duckdb:///{folder / '.kairos' / 'offline.duckdb'}",
+            vectors=str(folder / ".kairos" / "vectors"),
         )
         if not path.exists():
             return defaults
@@ -174,7 +178,21 @@ class Config:
             models=_models(raw.get("models") or {}, folder, path),
             llm=_llm(raw.get("llm") or {}, path),
             streams=_streams(raw.get("streams") or {}, path),
+            vectors=_vectors(raw.get("vectors", defaults.vectors), folder, path),
         )
+
+
+def _vectors(value: Any, folder: Path, path: Path) -> str:
+    """The `vectors:` URL: a postgresql:// URL, or a folder (relative to the project)."""
+    if not isinstance(value, str) or not value:
+        raise ProjectError(
+            f"{path}: `vectors` is a folder (e.g. .kairos/vectors) or a postgresql:// URL, "
+            f"got {value!r}"
+        )
+    text = interpolate(value, f"{path} vectors")
+    if "://" in text or Path(text).is_absolute():
+        return text
+    return str(folder / text)
 
 
 def _streams(raw: Any, path: Path) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from kairos.definitions.types import (
     FeatureTime,
     Now,
     Primary,
+    Vector,
     Windowed,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "ModelOptions",
     "Now",
     "Primary",
+    "Vector",
     "Windowed",
     "_",
     "coalesce",

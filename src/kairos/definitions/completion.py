@@ -17,6 +17,7 @@
         )
         advice_usage: dict = kr.completion_usage("advice")   # tokens, per-feature tokens, timings
         profile: list = kr.embedding(model="local/minilm", input="{{ name }}")
+        bio_vector: Vector[384] = kr.embedding(model="local/minilm", input=_.bio)
 
 Templates are Jinja2, rendered in a sandbox. A template names the class's features directly
 (`{{ name }}`); a windowed feature is a mapping from window to value (`txn_count['7d']`); a
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from kairos.definitions import expressions as ex
 from kairos.definitions.durations import DurationLike, optional_duration
 from kairos.definitions.feature import MISSING, FeatureOptions
 from kairos.errors import DefinitionError
@@ -169,18 +171,24 @@ def completion_usage(source: str, *, description: str | None = None) -> Any:
 def embedding(
     *,
     model: str,
-    input: str,
+    input: Any,
     timeout: DurationLike | None = None,
     max_staleness: DurationLike | None = None,
     description: str | None = None,
     tags: Iterable[str] = (),
     owner: str | None = None,
 ) -> Any:
-    """Declare a feature as the embedding (list of floats) of a template over features."""
+    """Declare a feature as the embedding (list of floats, or `Vector[n]`) of a text: a
+    template over features (`"{{ title }}: {{ text }}"`) or a `_` expression naming features
+    and joining them with string literals (`_.text`, `_.title + ": " + _.text`)."""
     if not isinstance(model, str) or not model:
         raise DefinitionError("embedding(model=...): name the embedding model")
+    if isinstance(input, ex.Expr):
+        input = _template_of(input, input)
     if not isinstance(input, str):
-        raise DefinitionError("embedding(input=...): give a template string")
+        raise DefinitionError(
+            f"embedding(input={input!r}): give a template string or a `_` expression such as _.text"
+        )
     return EmbeddingOptions(
         default=MISSING,
         max_staleness=optional_duration(max_staleness, field="max_staleness"),
@@ -190,6 +198,25 @@ def embedding(
         model=model,
         input=input,
         timeout=optional_duration(timeout, field="timeout"),
+    )
+
+
+def _template_of(node: ex.Expr, whole: ex.Expr) -> str:
+    """The template that renders what a text expression computes: `_.title + ": " + _.text`
+    is `{{ title }}{% raw %}: {% endraw %}{{ text }}`."""
+    if isinstance(node, ex.Col) and len(node.path) == 1:
+        window = f"[{node.window!r}]" if node.window else ""
+        return "{{ " + node.path[0] + window + " }}"
+    if isinstance(node, ex.Lit) and isinstance(node.value, str) and "{%" not in node.value:
+        return "{% raw %}" + node.value + "{% endraw %}"
+    if isinstance(node, ex.BinOp) and node.op == "+":
+        return _template_of(node.left, whole) + _template_of(node.right, whole)
+    if isinstance(node, ex.Call) and node.fn == "str.concat":
+        return "".join(_template_of(arg, whole) for arg in node.args)
+    raise DefinitionError(
+        f"embedding(input={whole!r}): a `_` input names features of the class and joins them "
+        f"with string literals (e.g. _.title + ': ' + _.text); {node!r} is not one of those. "
+        "For anything else, declare the text as its own feature and embed that"
     )
 
 

@@ -31,6 +31,7 @@ from kairos.definitions.feature import (
     ref_of,
     window_name,
 )
+from kairos.definitions.nearest import NearestOptions, NearestSearch, bind_nearest
 from kairos.definitions.types import (
     FEATURE_TIME,
     PRIMARY,
@@ -67,6 +68,7 @@ class FeatureInfo:
     min: Any = None
     max: Any = None
     ttl: timedelta | None = None  # older values are no values, online and offline
+    nearest: NearestSearch | None = None  # a has-many found by vector search (kr.nearest)
 
     @property
     def fqn(self) -> str:
@@ -212,6 +214,7 @@ class _Builder:
     def __init__(self, specs: dict[str, FeatureClassSpec]) -> None:
         self.specs = specs
         self.by_name = {spec.cls.__name__: spec for spec in specs.values()}
+        self.searches: dict[tuple[str, str], NearestOptions] = {}  # kr.nearest, bound last
 
     def build(self) -> Graph:
         classes = {ns: self._class(spec) for ns, spec in self.specs.items()}
@@ -302,6 +305,8 @@ class _Builder:
                         "DataFrame[Transaction]"
                     )
                 self._require(where, name, child)
+                if isinstance(options, NearestOptions):
+                    self.searches[(spec.namespace, name)] = options
                 features[name] = FeatureInfo(
                     name=name, kind="has_many", type=None, target=child.namespace, **common
                 )
@@ -425,6 +430,12 @@ class _Builder:
             if feat.kind != "has_many" or feat.target is None:
                 continue
             child = classes[feat.target]
+            search = self.searches.get((info.namespace, name))
+            if search is not None:  # found by vector search: no foreign key joins them
+                where = f"{info.cls.__name__}.{name}"
+                bound = bind_nearest(where, search, feat.target, child, info)
+                features[name] = _replace(feat, nearest=bound)
+                continue
             keys = [
                 k
                 for k, f in child.features.items()

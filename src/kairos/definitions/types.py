@@ -5,6 +5,7 @@ ts: FeatureTime               when the row became true
 user_id: "User.id"            foreign key: makes `Transaction.user` and `User.transactions`
 transactions: DataFrame[Transaction]         has-many
 txn_count: Windowed[int] = windowed("1d", "7d", expression=...)
+embedding: Vector[384]        a vector of 384 floats (`Vector[Literal[384]]` for type checkers)
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeAlias, TypeVar, T
 from kairos.definitions import expressions as ex
 from kairos.definitions.frame import DataFrame as DataFrame  # re-exported: defined beside
 from kairos.definitions.frame import DataFrameSpec as DataFrameSpec
+from kairos.errors import DefinitionError
 
 T = TypeVar("T")
+N = TypeVar("N")
 
 
 class _PrimaryMarker:
@@ -113,6 +116,38 @@ class FeaturesSpec:
     items: tuple[Any, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class VectorSpec:
+    """What `Vector[n]` records in its `Annotated[list[float], ...]`."""
+
+    dimensions: int
+
+
+if TYPE_CHECKING:
+
+    class Vector(list[float], Generic[N]):
+        """What type checkers see: a list of floats (write `Vector[Literal[384]]` for them)."""
+
+else:
+
+    class Vector:
+        """A fixed-length vector of floats: `embedding: Vector[384]`.
+
+        A value may be given as a list, a tuple or a numpy array; it is kept as a list of
+        floats, and one of another length is refused naming the feature.
+        """
+
+        def __class_getitem__(cls, dimensions: Any) -> Any:
+            if typing.get_origin(dimensions) is typing.Literal:
+                dimensions = typing.get_args(dimensions)[0]
+            if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1:
+                raise DefinitionError(
+                    f"Vector[{dimensions!r}]: give the number of dimensions, a positive int "
+                    "such as Vector[384]"
+                )
+            return Annotated[list[float], VectorSpec(dimensions)]
+
+
 # --- value types -------------------------------------------------------------------------
 
 SCALARS: dict[type, str] = {
@@ -130,12 +165,14 @@ SCALARS: dict[type, str] = {
 class ValueType:
     """The type of a feature's value: a scalar name, `list` of an item type, or `dict`."""
 
-    kind: str  # bool int float str datetime date timedelta list dict any
+    kind: str  # bool int float str datetime date timedelta list vector dict any
     nullable: bool = False
     item: ValueType | None = None
+    dimensions: int | None = None  # of a vector
 
     def __str__(self) -> str:
         text = f"list[{self.item}]" if self.kind == "list" and self.item else self.kind
+        text = f"vector[{self.dimensions}]" if self.kind == "vector" else text
         return f"{text} | None" if self.nullable else text
 
 
@@ -151,6 +188,9 @@ def value_type(annotation: Any) -> ValueType | None:
         annotation = args[0]
         origin = typing.get_origin(annotation)
     if origin is Annotated:
+        vector = [m for m in annotation.__metadata__ if isinstance(m, VectorSpec)]
+        if vector:
+            return ValueType("vector", nullable, ValueType("float"), vector[0].dimensions)
         annotation = typing.get_args(annotation)[0]
         origin = typing.get_origin(annotation)
     if annotation in SCALARS:

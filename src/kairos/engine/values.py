@@ -77,9 +77,32 @@ def coerce(vt: ValueType, value: Any) -> Any:
         if isinstance(value, list | tuple):
             item = vt.item or ValueType("any", True)
             return [coerce(item, v) for v in value]
+    elif kind == "vector":
+        return _vector(vt, value)
     elif kind == "dict" and isinstance(value, dict):
         return value
     raise InvalidValue(f"expected {vt}, got {type(value).__name__} {_short(value)}")
+
+
+def _vector(vt: ValueType, value: Any) -> list[float]:
+    """A list, tuple or numpy array of numbers of the vector's length, as a list of floats."""
+    if hasattr(value, "tolist") and not isinstance(value, list | tuple):
+        value = value.tolist()  # a numpy array (or a scalar, refused below)
+    if not isinstance(value, list | tuple):
+        raise InvalidValue(
+            f"expected {vt} (a list of {vt.dimensions} floats), got {type(value).__name__} "
+            f"{_short(value)}"
+        )
+    if len(value) != vt.dimensions:
+        raise InvalidValue(f"expected {vt}: {vt.dimensions} floats, got {len(value)}")
+    floats = []
+    for index, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, int | float | Decimal):
+            raise InvalidValue(
+                f"expected {vt}: item {index} is {type(item).__name__} {_short(item)}, not a number"
+            )
+        floats.append(float(item))
+    return floats
 
 
 def check(info: FeatureInfo, value: Any, *, allow_null: bool) -> Any:

@@ -12,6 +12,10 @@ rows, a window mapping of empty values). So text a feature switches on (`{% if d
 counts for it, and the rows of a has-many feature count for that feature. What no feature
 accounts for is the template's own text. The counts sum to the rendered prompt's tokens by
 construction.
+
+Rows retrieved by vector search (`kr.nearest`) are attributed one by one, by the same
+difference with that row left out: `related[0]`, `related[1]`, ... (nearest first), and
+`related` keeps what the rows share (a header the template shows when there are any).
 """
 
 from __future__ import annotations
@@ -107,10 +111,12 @@ class Prompt:
         empty: Mapping[str, Any],
         count: Callable[[str], int],
         rendered: Sequence[Mapping[str, str]] | None = None,
+        per_row: frozenset[str] = frozenset(),
     ) -> dict[str, int]:
         """Tokens of the rendered messages per feature (by difference; see the module), plus
         TEMPLATE for the rest; the values sum to the tokens of all messages' contents.
-        `rendered` is `render(values)` when the caller already has it."""
+        `rendered` is `render(values)` when the caller already has it; the has-many features
+        in `per_row` are attributed row by row too (`name[i]`)."""
 
         def tokens(messages: Sequence[Mapping[str, str]]) -> int:
             return sum(count(m["content"]) for m in messages)
@@ -123,6 +129,13 @@ class Prompt:
             except PromptError:  # e.g. a filter that needs a number: count the value alone
                 without = total - count(str(values[name]))
             found[name] = max(total - without, 0)
+            rows = values[name]
+            if name in per_row and isinstance(rows, list):
+                for index in range(len(rows)):
+                    others = [row for i, row in enumerate(rows) if i != index]
+                    row_tokens = max(total - tokens(self.render({**values, name: others})), 0)
+                    found[f"{name}[{index}]"] = row_tokens
+                    found[name] = max(found[name] - row_tokens, 0)
         found[TEMPLATE] = total - sum(found.values())
         return found
 

@@ -121,7 +121,8 @@ class _Resolver:
                 fk = self.column(parent_path, FeatureRef(parent_ns, (), join_key))
                 self.produce(fk)
                 return Producer("relation", column, (fk.name,))
-        if info.kind == "has_many" and info.target and self.graph.cls(info.target).events:
+        events = info.target and self.graph.cls(info.target).events and info.nearest is None
+        if info.kind == "has_many" and events:
             key = self.key_column(column.path)  # events written to kairos: no resolver
             self.produce(key)
             return Producer("events", column, (key.name,))

@@ -64,6 +64,7 @@ class TemplateInputs:
     names: tuple[str, ...]  # template variable each parameter feeds
     windows: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> windows
     rows: frozenset[str] = frozenset()  # has-many names (lists of rows)
+    retrieved: frozenset[str] = frozenset()  # has-many found by kr.nearest: tokens per row
 
     def values(self, args: tuple[Any, ...]) -> dict[str, Any]:
         found: dict[str, Any] = {}
@@ -97,6 +98,7 @@ def template_inputs(graph: Graph, output: FeatureRef, variables: frozenset[str])
     names: list[str] = []
     windows: dict[str, tuple[str, ...]] = {}
     rows: set[str] = set()
+    retrieved: set[str] = set()
     for name in sorted(variables):
         if name in info.windowed:
             found = tuple(n[len(name) + 1 : -1] for n in info.features if n.startswith(name + "["))
@@ -120,9 +122,11 @@ def template_inputs(graph: Graph, output: FeatureRef, variables: frozenset[str])
             )
         if feature.kind == "has_many":
             rows.add(name)
+            if feature.nearest is not None:
+                retrieved.add(name)
         refs.append(FeatureRef(output.root, (), name))
         names.append(name)
-    return TemplateInputs(tuple(refs), tuple(names), windows, frozenset(rows))
+    return TemplateInputs(tuple(refs), tuple(names), windows, frozenset(rows), frozenset(retrieved))
 
 
 class CompletionResolver(Resolver[..., Any]):
@@ -195,7 +199,9 @@ class CompletionResolver(Resolver[..., Any]):
         started = time.perf_counter()
         messages = self.prompt.render(values)
         tokenizer = completer.tokenizer(options.model)
-        by_feature = self.prompt.attribute(values, self.inputs.empty(), tokenizer.count, messages)
+        by_feature = self.prompt.attribute(
+            values, self.inputs.empty(), tokenizer.count, messages, self.inputs.retrieved
+        )
         body: dict[str, Any] = {
             "model": options.model,
             "messages": messages,
@@ -396,11 +402,7 @@ class EmbeddingResolver(Resolver[..., Any]):
 
         async def embed(*args: Any) -> Any:
             text = self.template.render(self.inputs.values(args))
-            reply = await self._completer().embed({"model": options.model, "input": text})
-            data = reply.get("data") or []
-            if not data or "embedding" not in data[0]:
-                raise CompletionFailed(f"{output.fqn}: the embedding reply has no vector")
-            return [float(x) for x in data[0]["embedding"]]
+            return (await self.embed_texts([text]))[0]
 
         embed.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             [
@@ -415,6 +417,26 @@ class EmbeddingResolver(Resolver[..., Any]):
     @property
     def version(self) -> str:
         return f"{self.options.model}#embedding"
+
+    def text(self, row: Mapping[str, Any]) -> str:
+        """The input text for a row of the class's feature values (a written event)."""
+        missing = [r.name for r in self.inputs.refs if r.name not in row and not r.window]
+        if missing:
+            raise CompletionFailed(f"{self.output.fqn}: the row has no {', '.join(missing)}")
+        return self.template.render(
+            self.inputs.values(tuple(row[r.name] for r in self.inputs.refs))
+        )
+
+    async def embed_texts(self, texts: list[str]) -> list[list[float]]:
+        """One vector per text, in one call to the model."""
+        reply = await self._completer().embed({"model": self.options.model, "input": texts})
+        data = sorted(reply.get("data") or [], key=lambda d: d.get("index", 0))
+        if len(data) != len(texts) or any("embedding" not in d for d in data):
+            raise CompletionFailed(
+                f"{self.output.fqn}: the embedding reply has {len(data)} vectors for "
+                f"{len(texts)} texts"
+            )
+        return [[float(x) for x in d["embedding"]] for d in data]
 
 
 def completion_resolver(

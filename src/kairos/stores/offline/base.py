@@ -33,10 +33,11 @@ _VALUE_TYPES: dict[str, tuple[str, Any]] = {
     "date": ("DATE", pa.date32()),
     "timedelta": ("INTERVAL", pa.duration("us")),
     "list": ("JSON", pa.string()),
+    "vector": ("JSON", pa.string()),
     "dict": ("JSON", pa.string()),
     "any": ("JSON", pa.string()),
 }
-_JSON_KINDS = frozenset({"list", "dict", "any"})
+_JSON_KINDS = frozenset({"list", "vector", "dict", "any"})
 _KEY_TYPES: dict[str, tuple[str, Any]] = {
     "int": ("BIGINT", pa.int64()),
     "str": ("VARCHAR", pa.string()),

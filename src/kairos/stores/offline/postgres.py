@@ -55,6 +55,7 @@ _PG_VALUE_TYPES: dict[str, tuple[str, str]] = {
     "date": ("date", "date"),
     "timedelta": ("interval", "interval"),
     "list": ("text", "text"),
+    "vector": ("text", "text"),
     "dict": ("text", "text"),
     "any": ("text", "text"),
 }
