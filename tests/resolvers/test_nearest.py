@@ -433,3 +433,19 @@ def test_the_documents_must_be_written_as_events() -> None:
 def test_vector_dimensions_must_be_a_positive_int() -> None:
     with pytest.raises(DefinitionError, match=r"Vector\[0\]: give the number of dimensions"):
         Vector[0]
+
+
+def test_the_vectors_setting_is_a_folder_under_the_project_or_a_postgres_url(
+    tmp_path: Path,
+) -> None:
+    from kairos.client.config import Config
+    from kairos.errors import ProjectError
+
+    assert Config.load(tmp_path).vectors == str(tmp_path / ".kairos" / "vectors")
+    (tmp_path / "kairos.yaml").write_text("vectors: indexes\n")
+    assert Config.load(tmp_path).vectors == str(tmp_path / "indexes")
+    (tmp_path / "kairos.yaml").write_text("vectors: postgresql://app@db/bank\n")
+    assert Config.load(tmp_path).vectors == "postgresql://app@db/bank"
+    (tmp_path / "kairos.yaml").write_text("vectors: 3\n")
+    with pytest.raises(ProjectError, match="`vectors` is a folder"):
+        Config.load(tmp_path)
