@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,3 +67,28 @@ def test_a_missing_model_is_not_ready(tmp_path: Path) -> None:
         engine.load()
     with pytest.raises(EngineNotReady):
         engine.tokenize("x")
+
+
+def test_an_idle_engine_starts_a_job_in_submit_and_queues_the_rest_in_order(
+    engine: LlamaCppEngine,
+) -> None:
+    async def run() -> list[int]:
+        sampling = Sampling(max_tokens=8, temperature=0.0, ignore_eos=True)
+        first = engine.submit(engine.tokenize("Hi"), sampling)
+        # no await in between: the generation thread has it before the loop runs again
+        assert first.state == "running" and engine.running == 1
+        later = [engine.submit(engine.tokenize("Hi"), sampling) for _ in range(3)]
+        assert [job.state for job in later] == ["queued"] * 3 and engine.waiting == 3
+        later[1].cancel()  # leaves the queue: never runs
+        finished: list[int] = []
+
+        async def drain(job: Any) -> None:
+            async for event in job.events():
+                if isinstance(event, Finished) and event.finish_reason != "cancelled":
+                    finished.append(job.id)
+
+        await asyncio.gather(*(drain(job) for job in (first, *later)))
+        assert engine.running == 0 and engine.waiting == 0
+        return [finished.index(job.id) for job in (first, later[0], later[2])]
+
+    assert asyncio.run(run()) == [0, 1, 2]

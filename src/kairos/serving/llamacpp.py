@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import collections
 import contextlib
 import importlib
 import itertools
@@ -146,9 +147,8 @@ class LlamaCppEngine:
         self._eog: Callable[[int], bool] = lambda token: False
         self._chat: Any = None
         self.load_error: str | None = None
-        self._jobs: asyncio.Queue[Job] | None = None
+        self._pending: collections.deque[Job] = collections.deque()  # queued, oldest first
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._consumer: asyncio.Task[None] | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
         self._rng = random.Random(config.seed)
         self._current: Job | None = None
@@ -205,8 +205,7 @@ class LlamaCppEngine:
         """Stop: the running generation is cancelled (after its current token), then freed."""
         if self._current is not None:
             self._current.cancel()
-        if self._consumer is not None:
-            self._consumer.cancel()
+        self._pending.clear()
         self._thread.shutdown(wait=True, cancel_futures=True)
         if self._llama is not None:
             self._llama.close()
@@ -256,22 +255,28 @@ class LlamaCppEngine:
         """Queue a generation behind every earlier one; must be called on the event loop."""
         self._ready()
         loop = asyncio.get_running_loop()
-        if self._jobs is None or self._loop is not loop:  # first use, or a new event loop
-            self._loop, self._jobs = loop, asyncio.Queue()
-            self._consumer = loop.create_task(self._consume(self._jobs))
+        if self._loop is not loop:  # first use, or a new event loop: the old one's jobs are gone
+            self._loop, self._pending, self._current = loop, collections.deque(), None
+            self.running = 0
         # without a seed each request draws one from the engine's seeded generator, so answers
         # vary between requests yet a worker's sequence is reproducible
         job = Job(tuple(prompt), sampling, seed=self._rng.randrange(1 << 31))
         job._on_cancel = self._drop
         self.waiting += 1
         self.observer.queued(self.waiting)
-        self._jobs.put_nowait(job)
+        self._pending.append(job)
+        self._dispatch()
         return job
 
-    async def _consume(self, jobs: asyncio.Queue[Job]) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            job = await jobs.get()
+    def _dispatch(self) -> None:
+        """Start the oldest queued job when none runs; on the event loop. It starts here, in
+        `submit` or as the previous job ends, not a loop iteration later in a consumer task:
+        that hop was TTFT the request paid on top of llama.cpp (bench/llm_path.py)."""
+        loop = self._loop
+        if self._current is not None or loop is None:
+            return
+        while self._pending:
+            job = self._pending.popleft()
             if job.state != "queued":  # cancelled while it waited: already accounted for
                 continue
             job.state = "running"
@@ -280,11 +285,19 @@ class LlamaCppEngine:
             self.running += 1
             self._current = job
             try:
-                await loop.run_in_executor(self._thread, self._generate, job, loop)
-            finally:
-                self.running -= 1
-                self._current = None
-                job.state = "done"
+                loop.run_in_executor(self._thread, self._generate, job, loop)
+            except RuntimeError:  # closed: the executor takes no more work
+                self._ended(job, _cancelled(job))
+            return
+
+    def _ended(self, job: Job, event: Finished) -> None:
+        """A running job's last event (on the loop): the next one starts at once."""
+        self.running -= 1
+        if self._current is job:
+            self._current = None
+        job.state = "done"
+        self._finish(job, event)
+        self._dispatch()
 
     def _drop(self, job: Job) -> None:
         """A queued job's client left: take it out of the count now; the consumer skips it."""
@@ -303,12 +316,12 @@ class LlamaCppEngine:
         started = time.perf_counter()
         loop.call_soon_threadsafe(self.observer.started, job, started - job.arrived)
         llama, sampling = self._llama, job.sampling
-        llama.set_seed(sampling.seed if sampling.seed is not None else job.seed)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stops = StopMatcher(sampling.stop)
         first: float | None = None
         count, reason, error = 0, "length", None
-        try:
+        try:  # whatever fails, the job ends with an event and the queue moves on
+            llama.set_seed(sampling.seed if sampling.seed is not None else job.seed)
             tokens = llama.generate(
                 list(job.prompt),
                 top_k=sampling.top_k,
@@ -360,7 +373,7 @@ class LlamaCppEngine:
             prompt_tokens=len(job.prompt),
             completion_tokens=count,
         )
-        loop.call_soon_threadsafe(self._finish, job, Finished(reason, timings, error))
+        loop.call_soon_threadsafe(self._ended, job, Finished(reason, timings, error))
 
     def _ready(self) -> Any:
         if self._llama is None:
