@@ -12,14 +12,14 @@ force. All rows come from the same run: this machine is shared and noisy.
 - main mode: kairos `EmbeddedVectorIndex.search` (checks, the eligibility mask, the graph
   search, hits) vs the raw hnswlib `knn_query` on the same graph with the same ef; the ratio
   is kairos' overhead. Filtered rows show a 10% and a 0.5% filter (exact search below
-  EXACT_BELOW eligible rows). --pgvector adds pgvector rows on a pgserver PostgreSQL
+  eligible**2 <= EXACT_SCALE * rows). --pgvector adds pgvector rows on a pgserver PostgreSQL
   (100k rows loaded with COPY, then CREATE INDEX ... USING hnsw).
 - --candidates: each embedded library alone: build time, p50, recall. sqlite-vec needs a
   Python whose sqlite3 can load extensions (pyenv's here cannot; Debian's /usr/bin/python3
   can); DuckDB's vss extension needs a download, or `--duckdb-vss PATH` to a file (the PyPI
   wheel duckdb-ext-vss ships one for DuckDB 1.4.4; kairos pins DuckDB 2.0).
 - --threshold: the kairos search, exact vs graph, as the eligible share of 100k shrinks; the
-  crossover is EXACT_BELOW.
+  crossover sets EXACT_SCALE.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -82,6 +82,27 @@ def timed(
     return times, found
 
 
+def timed_async(
+    call: Callable[[Array], Awaitable[Sequence[int]]],
+    queries: Array,
+    loop: asyncio.AbstractEventLoop,
+) -> tuple[list[float], list[set[int]]]:
+    """`timed` for a coroutine, awaited inside the running loop (as the engine awaits it)."""
+
+    async def run() -> tuple[list[float], list[set[int]]]:
+        for query in queries[:10]:
+            await call(query)
+        times, found = [], []
+        for query in queries:
+            start = time.perf_counter()
+            result = await call(query)
+            times.append(time.perf_counter() - start)
+            found.append(set(result))
+        return times, found
+
+    return loop.run_until_complete(run())
+
+
 def recall(found: list[set[int]], expected: list[set[int]]) -> float:
     return sum(
         len(f & e) / max(1, min(K, len(e))) for f, e in zip(found, expected, strict=True)
@@ -110,7 +131,7 @@ def numpy_floor(vectors: Array) -> Callable[[Array], Sequence[int]]:
 
 def main_mode(args: argparse.Namespace) -> int:
     from kairos.stores.vectors import Condition, Document, EmbeddedVectorIndex
-    from kairos.stores.vectors.embedded import EF_SEARCH, EXACT_BELOW
+    from kairos.stores.vectors.embedded import EF_SEARCH, EXACT_SCALE
 
     vectors, queries = clustered(args.n, 384, args.queries)
     expected = truth(vectors, queries)
@@ -124,11 +145,11 @@ def main_mode(args: argparse.Namespace) -> int:
     graph = index._graph
     assert graph is not None
 
-    def kairos_search(where: list[Any]) -> Callable[[Array], Sequence[int]]:
+    def kairos_search(where: list[Any]) -> Callable[[Array], Awaitable[list[int]]]:
         async def one(q: Array) -> list[int]:
             return [int(h.id) for h in await index.search(q, K, as_of=T0, where=where)]
 
-        return lambda q: loop.run_until_complete(one(q))
+        return one
 
     def raw(q: Array) -> Sequence[int]:
         graph.set_ef(EF_SEARCH)
@@ -146,15 +167,15 @@ def main_mode(args: argparse.Namespace) -> int:
         recall(raw_f, expected),
         f"build {build:.1f}s",
     )
-    kairos_t, kairos_f = timed(kairos_search([]), queries)
+    kairos_t, kairos_f = timed_async(kairos_search([]), queries, loop)
     row("kairos embedded search", kairos_t, recall(kairos_f, expected))
     buckets = np.arange(args.n) % 1000
     for share, limit in (("10%", 100), ("0.5%", 5)):
         mask = buckets < limit
         cond = [Condition("bucket", "<", limit)]
-        times, found = timed(kairos_search(cond), queries)
+        times, found = timed_async(kairos_search(cond), queries, loop)
         eligible = int(mask.sum())
-        how = "exact" if eligible <= EXACT_BELOW else "graph + filter"
+        how = "exact" if eligible * eligible <= EXACT_SCALE * args.n else "graph + filter"
         row(
             f"kairos embedded, filter {share} ({how})",
             times,
@@ -228,7 +249,7 @@ def pgvector_rows(
     async def one(q: Array) -> list[int]:
         return [int(h.id) for h in await index.search(q, K, as_of=T0)]
 
-    kairos_t, kairos_f = timed(lambda q: loop.run_until_complete(one(q)), queries)
+    kairos_t, kairos_f = timed_async(one, queries, loop)
     header()
     row(
         "pgvector raw SQL (psycopg, ef_search 40)",
@@ -342,7 +363,7 @@ def threshold(n: int, nq: int) -> None:
             async def one(q: Array, where: list[Any] = where) -> list[int]:
                 return [int(h.id) for h in await index.search(q, K, as_of=T0, where=where)]
 
-            times, found = timed(lambda q: loop.run_until_complete(one(q)), queries)
+            times, found = timed_async(one, queries, loop)
             results.append((statistics.median(times) * 1e3, recall(found, expected)))
         (exact_ms, _), (graph_ms, graph_recall) = results
         eligible = int((buckets < limit).sum())

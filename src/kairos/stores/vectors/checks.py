@@ -42,7 +42,8 @@ def unit_vector(values: VectorLike, *, dimensions: int, what: str) -> Vector:
             f"a vector of {dimensions} floats (or open an index of {got} dimensions)",
             field="vector",
         )
-    norm = float(np.linalg.norm(vector))
+    wide = vector.astype(np.float64)  # no float32 squares overflow in float64
+    norm = math.sqrt(float(wide @ wide))  # np.linalg.norm costs more per call
     if not math.isfinite(norm):
         raise InvalidInput(
             f"{what}: vector {_preview(values)} holds NaN or infinity; pass finite floats",

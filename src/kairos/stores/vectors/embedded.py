@@ -5,8 +5,8 @@ A search first computes, as one vectorized mask over all versions, which are *el
 valid as of `now` (`observed_at <= now <` the next version's `observed_at`) and matching every
 condition (columns.py). Then:
 
-- few eligible versions (at most `exact_below`, chosen in bench/vectors.py: exact numpy
-  search over them is then as fast as a filtered graph search): exact search;
+- few eligible versions (eligible² <= EXACT_SCALE x versions, measured in bench/vectors.py:
+  exact numpy search over them is then faster than a filtered graph search): exact search;
 - otherwise the graph search, with the mask as hnswlib's `filter`, so a version that is not
   eligible is skipped *during* the search and never takes a place in the top k;
 - and if the graph returns fewer than min(k, eligible) hits (a very selective filter can cut
@@ -52,8 +52,10 @@ if TYPE_CHECKING:
     import hnswlib
 
 NEVER = np.iinfo(np.int64).max  # valid_to of a document's newest version
-# Eligible versions at or under which search is exact (bench/vectors.py --threshold).
-EXACT_BELOW = 20_000
+# Search is exact when eligible**2 <= EXACT_SCALE * rows. Measured (bench/vectors.py
+# --threshold, 100k x 384): a filtered graph search costs ~0.16 ms / (eligible share), an
+# exact one ~0.18 µs per eligible row; they cross near 9k eligible rows of 100k (3% of 1M).
+EXACT_SCALE = 900
 # HNSW settings (bench/vectors.py --candidates: recall@10 0.9995 at 100k x 384, 0.15 ms).
 M = 16
 EF_CONSTRUCTION = 100
@@ -73,8 +75,10 @@ class EmbeddedVectorIndex:
         name: str,
         dimensions: int,
         *,
-        exact_below: int = EXACT_BELOW,
+        exact_below: int | None = None,
     ) -> None:
+        """`exact_below`: search exactly when at most this many versions are eligible
+        (default: the measured rule, EXACT_SCALE)."""
         if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1:
             raise InvalidInput(
                 f"vector index {name!r}: dimensions {dimensions!r} is not a positive int; "
@@ -188,8 +192,13 @@ class EmbeddedVectorIndex:
                         self._stale.add(row)
                     continue
             self._add_row(id_, observed, rows.attributes[at], rows.vectors[at])
-        if self._graph is not None or self._count > self._exact_below:
+        if self._graph is not None or not self._exact(self._count, self._count):
             self._update_graph()
+
+    def _exact(self, eligible: int, rows: int) -> bool:
+        if self._exact_below is not None:
+            return eligible <= self._exact_below
+        return eligible * eligible <= EXACT_SCALE * rows
 
     def _add_row(self, id_: str, observed: int, attributes: dict[str, Any], vector: Vector) -> None:
         row = self._count
@@ -288,7 +297,7 @@ class EmbeddedVectorIndex:
             if want == 0:
                 return []
             found = None
-            if self._graph is not None and count > self._exact_below:
+            if self._graph is not None and not self._exact(count, n):
                 found = self._graph_search(query, want, eligible if count < n else None)
             if found is None or len(found[0]) < want:
                 found = self._exact_search(query, want, eligible, count)
