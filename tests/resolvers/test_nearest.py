@@ -158,6 +158,23 @@ def test_a_document_observed_after_now_is_invisible_and_an_update_is_found_by_it
     assert [r["id"] for r in after.get_value(Ticket.related)] == ["d3", "d2", "d1"]
 
 
+def test_versions_of_one_document_in_one_write_each_stay_searchable_as_of_their_time(
+    vectors: str, tmp_path: Path
+) -> None:
+    # a corpus loaded at once carries an article's history: the windows keep an id's last
+    # row, the index every version
+    history = [doc(1, 40), doc(2, 20), doc(1, 1, at=T0 + timedelta(hours=1))]
+    with client_for(vectors, tmp_path) as client:
+        assert client.write_events(Doc, history) == 2  # events: the id's last row
+        before = ask(client, Ticket.related, T0 + timedelta(minutes=30)).get_value(Ticket.related)
+        after = ask(client, Ticket.related, T0 + timedelta(hours=2)).get_value(Ticket.related)
+    assert [(r["id"], r["updated_at"]) for r in before] == [("d2", T0), ("d1", T0)]
+    assert [(r["id"], r["updated_at"]) for r in after] == [
+        ("d1", T0 + timedelta(hours=1)),
+        ("d2", T0),
+    ]
+
+
 def test_offline_rows_at_two_times_retrieve_the_corpus_as_of_each(
     vectors: str, tmp_path: Path
 ) -> None:

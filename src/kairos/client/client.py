@@ -545,7 +545,10 @@ class Client:
         # a searched class's rows get their vectors (computed if not given) before anything
         # is kept, so a row whose embedding fails leaves nothing half-written
         searched = bool(self.vectors.searched(namespace))
-        documents = self._sync(self.vectors.documents(info, typed)) if searched else {}
+        # every version of a document stays searchable as of its own time, even where the
+        # windows and the offline store keep only an id's last row
+        versions = typed_events(info, rows, versions=True) if searched else []
+        documents = self._sync(self.vectors.documents(info, versions)) if searched else {}
         self.windows.check(str(info.feature_time), typed)  # refused before anything is kept
         if self.offline_writer is not None:  # durable first: an acknowledged event is kept
             persist(self.offline_store(), info, typed)

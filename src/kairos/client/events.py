@@ -39,9 +39,12 @@ def event_class(graph: Graph, namespace: str) -> ClassInfo:
     return info
 
 
-def typed_events(info: ClassInfo, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def typed_events(
+    info: ClassInfo, rows: Sequence[Mapping[str, Any]], *, versions: bool = False
+) -> list[dict[str, Any]]:
     """Rows checked against the class: known scalar features, typed values, an id and a time
-    on every event; a later row with the id of an earlier one in the batch replaces it."""
+    on every event; a later row with the id of an earlier one in the batch replaces it (with
+    `versions`, only a row with the same id *and* time does: each is a version of the id)."""
     namespace, time_field = info.namespace, info.feature_time
     typed: dict[Any, dict[str, Any]] = {}
     for index, row in enumerate(rows):
@@ -70,8 +73,9 @@ def typed_events(info: ClassInfo, rows: Sequence[Mapping[str, Any]]) -> list[dic
                 "event is recognised by it)",
                 field=info.primary,
             )
-        typed.pop(clean[info.primary], None)  # the later row wins, in its own position
-        typed[clean[info.primary]] = clean
+        key = (clean[info.primary], clean[time_field]) if versions else clean[info.primary]
+        typed.pop(key, None)  # the later row wins, in its own position
+        typed[key] = clean
     return list(typed.values())
 
 
