@@ -220,6 +220,7 @@ class Statement:
     params: list[Any]
     columns: list[str] = field(default_factory=list)
     rows: list[tuple[Any, ...]] = field(default_factory=list)
+    arrow: bool = False  # fetched as an Arrow table (rows: the table's, read back here)
 
 
 @dataclass
@@ -252,8 +253,20 @@ class Shop:
             statement.columns, statement.rows = await fetch(sql, params)
             return statement.columns, statement.rows
 
+        fetch_arrow = getattr(source, "fetch_arrow", None)
+
+        async def recording_arrow(sql: str, params: Sequence[Any]) -> Any:
+            table = await fetch_arrow(sql, params)  # type: ignore[misc]
+            if table is not None:  # None: the source reads rows with fetch instead
+                statement = Statement(sql, list(params), table.column_names, arrow=True)
+                statement.rows = [tuple(r.values()) for r in table.to_pylist()]
+                ran.append(statement)
+            return table
+
         ran: list[Statement] = []
         self.monkeypatch.setattr(source, "fetch", recording)
+        if fetch_arrow is not None:
+            self.monkeypatch.setattr(source, "fetch_arrow", recording_arrow)
         return ran
 
 

@@ -22,6 +22,10 @@ The statement is read with sqlglot in its source's dialect (SQLite, DuckDB or Po
 its tokens find the parameters, its syntax tree the output columns and whether the key
 comparison may become `IN (...)`. The text sent to the database is the user's own, edited
 only where a parameter or the key comparison stands.
+
+A has-many resolver's rows come from a source that can fetch Arrow (DuckDB; PostgreSQL with
+the ADBC driver) as an Arrow table, split by key without a Python object per value, and
+reach the engine as columns; SQLite's (and a source's refusal: None) come as rows.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from sqlglot import Token, TokenType, exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
@@ -327,6 +334,8 @@ class SqlRunner:
         self.source = source
         self.percent = getattr(source, "escape_percent", False)
         self.text = plan.resolver.read(source.dialect).text
+        # has-many rows as Arrow where the source can fetch them so
+        self.arrow = plan.rows and callable(getattr(source, "fetch_arrow", None))
 
     async def run(
         self, calls: list[list[Any]], results: list[tuple[bool, Any] | None], pool: Any
@@ -337,11 +346,15 @@ class SqlRunner:
         same_others = all(o == others[0] for o in others)
         if plan.batch is not None and same_others and len(calls) > 1:
             keys = list(dict.fromkeys(c[key_index] for c in calls))
-            found: dict[Any, list[dict[str, Any]]] = {}
+            found: dict[Any, Any] = {}
             try:
                 for start in range(0, len(keys), MAX_BATCH):
                     chunk = keys[start : start + MAX_BATCH]
                     rows = await self.fetch_batch(chunk, calls[0])
+                    if isinstance(rows, pa.Table):  # each key's rows in a chunk of its own
+                        for key, part in _groups(rows, plan.key_param):
+                            found[_norm(key)] = part
+                        continue
                     for row in rows:  # rows are keyed by feature names by now
                         found.setdefault(_norm(row.get(plan.key_param)), []).append(row)
             except Exception as error:  # the database's failure becomes each row's error
@@ -378,7 +391,7 @@ class SqlRunner:
 
         await asyncio.gather(*(one(indexes) for indexes in distinct.values()))
 
-    async def run_lateral(self, calls: list[list[Any]]) -> list[list[dict[str, Any]]] | None:
+    async def run_lateral(self, calls: list[list[Any]]) -> list[Any] | None:
         """Each call's rows from one statement per MAX_LATERAL calls; None where the
         arguments have no common SQL type or the database refuses the form (the caller then
         runs one statement per call, which reports any real error)."""
@@ -387,7 +400,7 @@ class SqlRunner:
         types = _argument_types(self.source.dialect, names, self.plan.params, calls)
         if types is None:
             return None
-        found: list[list[dict[str, Any]]] = []
+        found: list[Any] = []
         try:
             for start in range(0, len(calls), MAX_LATERAL):
                 found.extend(await self.fetch_lateral(calls[start : start + MAX_LATERAL], types))
@@ -396,9 +409,7 @@ class SqlRunner:
             return None
         return found
 
-    async def fetch_lateral(
-        self, calls: list[list[Any]], types: Mapping[str, str]
-    ) -> list[list[dict[str, Any]]]:
+    async def fetch_lateral(self, calls: list[list[Any]], types: Mapping[str, str]) -> list[Any]:
         text = self.text
         names = list(types)
         counter = 0
@@ -427,6 +438,16 @@ class SqlRunner:
             f"{', '.join(rows_sql)}) as kairos_call({columns}) cross join lateral (\n{body}\n) "
             "as kairos_result"
         )
+        table = await self.source.fetch_arrow(sql, params) if self.arrow else None
+        if table is not None:
+            call_column, *names_out = table.column_names
+            table = table.rename_columns(
+                [call_column, *(self.plan.columns.get(c, c) for c in names_out)]
+            )
+            parts: list[Any] = [[] for _ in calls]
+            for call_row, part in _groups(table, call_column):
+                parts[int(call_row)] = part.drop_columns([call_column])
+            return parts
         columns_out, rows = await self.source.fetch(sql, params)
         names_out = [self.plan.columns.get(c, c) for c in columns_out[1:]]
         found: list[list[dict[str, Any]]] = [[] for _ in calls]
@@ -434,9 +455,7 @@ class SqlRunner:
             found[int(row[0])].append(dict(zip(names_out, row[1:], strict=True)))
         return found
 
-    def shape(
-        self, rows: list[dict[str, Any]], call: list[Any], key_index: int
-    ) -> tuple[bool, Any]:
+    def shape(self, rows: Any, call: list[Any], key_index: int) -> tuple[bool, Any]:
         if self.plan.rows:
             return True, rows
         if not rows:
@@ -452,13 +471,15 @@ class SqlRunner:
             )
         return True, rows[0]
 
-    async def fetch_one(self, call: list[Any]) -> list[dict[str, Any]]:
+    async def fetch_one(self, call: list[Any]) -> list[dict[str, Any]] | pa.Table:
         values = dict(zip(self.plan.params, call, strict=True))
         text = self.text
         sql = text.render(self.source.placeholder, self.percent)
         return await self.fetch(sql, [values[name] for name in text.params])
 
-    async def fetch_batch(self, keys: list[Any], call: list[Any]) -> list[dict[str, Any]]:
+    async def fetch_batch(
+        self, keys: list[Any], call: list[Any]
+    ) -> list[dict[str, Any]] | pa.Table:
         values = dict(zip(self.plan.params, call, strict=True))
         text = self.plan.batch
         if text is None:  # pragma: no cover - checked by the caller
@@ -484,13 +505,32 @@ class SqlRunner:
                     params.append(values[name])
         return await self.fetch("".join(pieces), params)
 
-    async def fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+    async def fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]] | pa.Table:
         if self.source.dialect == "sqlite":
             # SQLite has no time type; projects store ISO 8601 text, which compares in order.
             params = [p.isoformat() if isinstance(p, datetime | date) else p for p in params]
+        table = await self.source.fetch_arrow(sql, params) if self.arrow else None
+        if table is not None:
+            return table.rename_columns([self.plan.columns.get(c, c) for c in table.column_names])
         columns, rows = await self.source.fetch(sql, params)
         names = [self.plan.columns.get(c, c) for c in columns]
         return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+def _groups(table: pa.Table, column: str) -> Iterator[tuple[Any, pa.Table]]:
+    """(value, its rows) for each value of `column`: one sort, then zero-copy slices."""
+    if table.num_rows == 0:
+        return
+    keys = table.column(column)
+    distinct = pc.unique(keys)
+    index = pc.index_in(keys, value_set=distinct).to_numpy(zero_copy_only=False)
+    order = np.argsort(index, kind="stable")
+    ordered = table.take(pa.array(order))
+    counts = np.bincount(index, minlength=len(distinct))
+    start = 0
+    for value, count in zip(distinct.to_pylist(), counts.tolist(), strict=True):
+        yield value, ordered.slice(start, count)
+        start += count
 
 
 def _argument_types(
