@@ -1,5 +1,7 @@
 """Backfills: compute features over a time range, as of a grid of times, into the offline
 store (and optionally the online store, where a backfilled value never replaces a newer one).
+A class a `kr.nearest` searches also gets its vector indexes kept current: the backfill
+computes its vectors and scalar features too, and each row becomes a document version.
 
     client.materialize(keys=["u1", "u2"], start=t0, end=t1, every="1d",
                        features=[User.txn_count["7d"]], online=True)
@@ -15,11 +17,12 @@ from typing import Any
 
 from kairos.client.offline import Progress, Recompute, offline_query
 from kairos.client.runtime import Runtime
+from kairos.client.vectors import BackfillVersions, VectorFeatures
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.types import ValueType
 from kairos.engine.execution import FUTURE_SKEW
 from kairos.engine.values import to_utc
-from kairos.errors import InvalidInput, KairosError
+from kairos.errors import InvalidInput, KairosError, PlanError
 from kairos.stores.online import StoredValue
 
 ANY = ValueType("any", True)
@@ -34,6 +37,7 @@ class BackfillReport:
     values: int  # feature values written to the offline store
     online: int  # latest values offered to the online store
     errors: int  # feature values that failed (null, with an error)
+    documents: int = 0  # document versions written to vector indexes (kr.nearest)
 
 
 def time_grid(start: datetime, end: datetime, every: timedelta) -> list[datetime]:
@@ -63,6 +67,7 @@ async def materialize(
     chunk: int = 5000,
     progress: Progress | None = None,
     engine: Recompute | None = None,
+    vectors: VectorFeatures | None = None,
 ) -> BackfillReport:
     names = [runtime.name(f) for f in features]
     if not names:
@@ -77,6 +82,13 @@ async def materialize(
     root = roots.pop()
     info = runtime.graph.cls(root)
     key_name = f"{root}.{info.primary}"
+    versions = None
+    if vectors is not None and vectors.searched(root):
+        # a searched class: its rows become whole document versions in its indexes
+        wanted = vectors.backfilled(info, lambda name: _plan_error(runtime, key_name, name))
+        names += [name for name in wanted if name not in names]
+        refs = [runtime.graph.ref(n) for n in names]
+        versions = BackfillVersions(info, vectors.searched(root))
     key_type = info.features[info.primary].type or ANY
     types = {n: runtime.graph.info(r).type or ANY for n, r in zip(names, refs, strict=True)}
     times = time_grid(start, end, parse_duration(every, field="every"))
@@ -136,13 +148,32 @@ async def materialize(
                     stored = latest.get((key, feature))
                     if moment <= horizon and (stored is None or stored.observed_at <= moment):
                         latest[(key, feature)] = StoredValue(columns[name][row], moment)
+        if versions is not None and vectors is not None:
+            await vectors.write(
+                versions.rows([k for k, _ in part], [t for _, t in part], columns, failed)
+            )
         if progress is not None:
             progress(min(begin + chunk, total), total)
     if online and latest:
         # The store keeps the newest observed_at: a backfill never replaces a newer value,
         # and nothing stamped in the future reaches it.
         await runtime.store.put([((root, key, f), v) for (key, f), v in latest.items()])
-    return BackfillReport(total, written, len(latest) if online else 0, errors)
+    return BackfillReport(
+        total,
+        written,
+        len(latest) if online else 0,
+        errors,
+        versions.written if versions is not None else 0,
+    )
+
+
+def _plan_error(runtime: Runtime, key_name: str, name: str) -> PlanError | None:
+    """Why `name` cannot be computed offline from the key alone, or None when it can."""
+    try:
+        runtime.planner.plan([key_name], [name], mode="offline")
+    except PlanError as error:
+        return error
+    return None
 
 
 def _within(progress: Progress | None, begin: int, total: int) -> Progress | None:

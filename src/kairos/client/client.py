@@ -586,6 +586,7 @@ class Client:
     ) -> BackfillReport:
         """Backfill `features` for `keys` at `start`, `start + every`, ... `end` into the
         offline store (and, with `online`, each key's latest values into the online store);
+        a class a `kr.nearest` searches also gets each row as a version in its index;
         `engine="ray"` computes on Ray workers, this process writes."""
         return self._sync(
             materialize(
@@ -598,6 +599,7 @@ class Client:
                 online=online,
                 progress=progress,
                 engine=self._recompute(engine, address),
+                vectors=self.vectors,
             )
         )
 
