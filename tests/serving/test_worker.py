@@ -308,6 +308,13 @@ def test_metrics_expose_queue_and_latency_histograms(worker: str) -> None:
     assert _metric(worker, "kairos_llm_request_queue_time_seconds_count") >= 1
 
 
+def test_metrics_can_be_asked_for_by_name(worker: str) -> None:
+    wanted = [("name[]", "kairos_llm_requests_waiting"), ("name[]", "kairos_llm_requests_running")]
+    text = httpx.get(worker + "/metrics", params=wanted).text
+    samples = {line.split("{")[0] for line in text.splitlines() if not line.startswith("#")}
+    assert samples == {"kairos_llm_requests_waiting", "kairos_llm_requests_running"}
+
+
 def test_cores_the_process_may_not_use_are_refused_by_name(tiny_model: Path) -> None:
     missing = max(os.sched_getaffinity(0)) + 64
     done = subprocess.run(
