@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kairos.engine import summation
 from kairos.engine.summation import fsum
 
 EDGES = [0.0, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308, 1e-310, 0.1, 1.0, 2.0**53,
@@ -55,3 +56,17 @@ def test_nan_and_inf_follow_math_fsum() -> None:
         math.fsum(overflowing)
     with pytest.raises(OverflowError):  # the same error as math.fsum: the rows engine's
         fsum(np.array(overflowing))
+
+
+def test_both_ways_are_exercised_and_agree_with_math_fsum() -> None:
+    rng = np.random.default_rng(11)
+    money = np.round(rng.lognormal(3, 1, 40_000), 2)  # bits span two or three rounds
+    wide = rng.standard_normal(40_000) * 10.0 ** rng.integers(-300, 300, 40_000)
+    def sigma(values: np.ndarray) -> float:
+        return 2.0 ** (math.frexp(float(np.abs(values).max()))[1] + summation._M)
+
+    parts = summation._extracted(money, sigma(money))
+    assert parts is not None and math.fsum(parts) == math.fsum(money.tolist())
+    assert summation._extracted(wide, sigma(wide)) is None  # too wide: per exponent
+    assert summation._per_exponent(wide) == math.fsum(wide.tolist()) == fsum(wide)
+    assert summation._per_exponent(money) == math.fsum(money.tolist()) == fsum(money)

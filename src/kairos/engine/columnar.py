@@ -17,7 +17,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
@@ -32,6 +32,7 @@ from kairos.engine.summation import fsum
 Compiled = Callable[[Sequence[Any], datetime, dict[str, Any] | None], Any]
 _EXACT_FLOAT_INT = 2**53  # ints up to this size are exact as floats
 _INT64 = 2**63
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Unsupported(Exception):
@@ -190,7 +191,7 @@ def _range_filter(
     side: Literal["left", "right"] = "right" if op in (">", "<=") else "left"
 
     def find(ctx: Context) -> tuple[int, int] | None:
-        keys = _sorted_keys(ctx.frame, ctx.table, name)
+        keys = sorted_keys(ctx.frame, ctx.table, name)
         if keys is None:
             return None
         target = _key_of(bound(ctx.slots, ctx.now, None), ctx.table.schema.field(name).type)
@@ -202,7 +203,7 @@ def _range_filter(
     return find
 
 
-def _sorted_keys(frame: DataFrame[Any], table: pa.Table, name: str) -> np.ndarray | None:
+def sorted_keys(frame: DataFrame[Any], table: pa.Table, name: str) -> np.ndarray | None:
     """The column as int64 when it is a timestamp or int column, sorted, without nulls."""
     cache_key = ("sorted", name, id(table))
     if cache_key in frame.cache:
@@ -225,6 +226,9 @@ def _key_of(value: Any, kind: pa.DataType) -> int | None:
     if pa.types.is_timestamp(kind):
         if not isinstance(value, datetime) or value.tzinfo is None:
             return None  # the row engine would raise or compare differently
+        if kind.unit == "us":  # the engine's own unit: integer arithmetic, no Arrow scalar
+            delta = value - _EPOCH
+            return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
         return int(pa.scalar(value, type=kind).value)
     if kind == pa.int64() and type(value) is int and -_INT64 <= value < _INT64:
         return value
@@ -525,5 +529,9 @@ def _float_extreme(kind: str, floats: np.ndarray) -> float:
     first = floats[0]
     if math.isnan(first):
         return float(first)
-    best = np.nanmin(floats) if kind == "min" else np.nanmax(floats)
-    return float(floats[int(np.argmax(floats == best))])
+    best = np.min(floats) if kind == "min" else np.max(floats)  # NaN if there is one
+    if math.isnan(best):
+        best = np.nanmin(floats) if kind == "min" else np.nanmax(floats)
+    if best != 0.0:
+        return float(best)
+    return float(floats[int(np.argmax(floats == best))])  # 0.0 or -0.0: the first of them

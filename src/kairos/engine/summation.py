@@ -1,18 +1,22 @@
 """`fsum`: `math.fsum` of a float64 array, the same correctly rounded value, vectorized.
 
-Each finite double is a mantissa m (|m| < 1, 53 bits) times 2**e. Split m into a high half
-(a multiple of 2**-26) and a low half (of 2**-53, below 2**-26); the halves of all values
-with the same e are summed by `np.bincount` in float64, exactly (every partial sum keeps
-fewer than 53 significant bits while there are fewer than 2**26 values). The few
-per-exponent sums are then added as Python integers and divided once, which CPython rounds
-correctly: the exact sum, rounded once, as fsum's.
+Both ways below find the exact sum as a few doubles (or integers) without rounding, then
+round once, as fsum does:
 
->>> fsum(np.array([0.1] * 10)) == math.fsum([0.1] * 10) == 1.0
+- Extraction (Rump, Ogita and Oishi's AccSum): with sigma a power of two at least
+  2**M * max|x| (2**M > values + 1), q = (sigma + x) - sigma keeps the top bits of every x
+  exactly, x - q is the exact rest, and the q of a chunk sum exactly in any order (they are
+  multiples of ulp(sigma) / 2 below sigma). Each round takes 53 - M bits; values whose bits
+  span two or three rounds (money amounts, measurements) need only those.
+- Per exponent (for what extraction cannot do in three rounds): each mantissa split in two
+  halves, the halves of all values with the same exponent summed exactly by `np.bincount`,
+  those few sums added as Python integers and divided once (CPython rounds that correctly).
+
+>>> fsum(np.array([0.1] * 100)) == math.fsum([0.1] * 100)
 True
 
-Arrays where that argument does not hold (NaN or inf, exponents near overflow, 2**26
-values or more, a sum of exactly zero whose sign fsum decides) and short ones are handed to
-`math.fsum` itself.
+Short arrays, NaN or inf, sums near overflow or of exactly zero (whose sign fsum decides)
+are handed to `math.fsum` itself.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ import math
 import numpy as np
 
 _SHORT = 64  # below this, math.fsum over a list is as fast
-_MOST = 2**26  # more values and a bin's float64 sum of 27-bit halves may round
+_MOST = 2**26  # more values and a per-exponent float64 sum may round
+_CHUNK = 16384  # values per round trip through the cache
+_M = math.ceil(math.log2(_CHUNK + 2))  # bits of headroom each chunk's sum of q needs
+_ROUNDS = 3
 _HIGHEST_EXPONENT = 990  # a sum of < 2**26 values below 2**990 stays finite
-_SPLIT = 1.5 * 2.0**26
+_LOWEST_SIGMA = 2.0**-900  # extraction needs normal numbers: smaller, per exponent instead
+_SPLIT = 1.5 * 2.0**26  # adding and taking it away rounds |m| < 1 to a multiple of 2**-26
 _OFFSET = 1100  # frexp's exponents of doubles lie in -1073..1024
 _BINS = 2 * _OFFSET
-_CHUNK = 8192
 
 
 def fsum(values: np.ndarray) -> float:
@@ -35,34 +42,63 @@ def fsum(values: np.ndarray) -> float:
     count = len(values)
     if count < _SHORT or count >= _MOST:
         return math.fsum(values.tolist())
-    with np.errstate(over="ignore", invalid="ignore"):
-        rough = float(np.sum(values))
-    if not math.isfinite(rough):
-        return math.fsum(values.tolist())  # NaN, inf or a sum past the largest double
+    largest = max(float(values.max()), -float(values.min()))  # NaN if there is one
+    if not math.isfinite(largest) or largest == 0.0:
+        return math.fsum(values.tolist())
+    top = math.frexp(largest)[1]
+    if top > _HIGHEST_EXPONENT:
+        return math.fsum(values.tolist())
+    parts = _extracted(values, 2.0 ** (top + _M))
+    total = math.fsum(parts) if parts is not None else _per_exponent(values)
+    return total if total != 0.0 else math.fsum(values.tolist())
+
+
+def _extracted(values: np.ndarray, sigma: float) -> list[float] | None:
+    """Doubles whose exact sum is the values' exact sum, or None past _ROUNDS rounds."""
+    parts: list[float] = []
+    high = np.empty(_CHUNK)
+    rest = np.empty(_CHUNK)
+    for begin in range(0, len(values), _CHUNK):
+        chunk = values[begin : begin + _CHUNK]
+        q, left = high[: len(chunk)], rest[: len(chunk)]
+        np.add(chunk, sigma, out=q)
+        q -= sigma
+        np.subtract(chunk, q, out=left)
+        scale = sigma
+        for _round in range(_ROUNDS):
+            parts.append(float(q.sum()))  # exact: see the module's docstring
+            if not left.any():
+                break
+            scale *= 2.0 ** (_M - 52)  # |left| <= ulp(scale): the next sigma
+            if scale < _LOWEST_SIGMA:
+                return None
+            np.add(left, scale, out=q)
+            q -= scale
+            left -= q
+        else:
+            return None
+    return parts
+
+
+def _per_exponent(values: np.ndarray) -> float:
     highs = np.zeros(_BINS)
     lows = np.zeros(_BINS)
-    for begin in range(0, count, _CHUNK):  # chunks that stay in cache: no page faults
+    for begin in range(0, len(values), _CHUNK):
         mantissas, exponents = np.frexp(values[begin : begin + _CHUNK])
-        # |mantissa| < 1 rounded to a multiple of 2**-26 by adding and taking away
-        # 1.5 * 2**26 (whose ulp that is): the high half, exactly; the rest is the low half.
-        high = mantissas + _SPLIT
+        high = mantissas + _SPLIT  # the high half, a multiple of 2**-26, exactly
         high -= _SPLIT
-        mantissas -= high
+        mantissas -= high  # the low half, a multiple of 2**-53 below 2**-26, exactly
         exponents += _OFFSET
         highs += np.bincount(exponents, weights=high, minlength=_BINS)
         lows += np.bincount(exponents, weights=mantissas, minlength=_BINS)
     used = np.flatnonzero((highs != 0) | (lows != 0))
-    if len(used) == 0 or int(used[-1]) - _OFFSET > _HIGHEST_EXPONENT:
-        return math.fsum(values.tolist())
+    if len(used) == 0:
+        return 0.0
     base = int(used[0])
     total = 0
     high_sums, low_sums = (highs[used] * 2.0**53).tolist(), (lows[used] * 2.0**53).tolist()
-    for at, high_sum, low_sum in zip(
-        used.tolist(), high_sums, low_sums, strict=True
-    ):  # integers: the sums scaled by a power of 2
-        total += (int(high_sum) + int(low_sum)) << (at - base)
-    if total == 0:
-        return math.fsum(values.tolist())  # 0.0 or -0.0: fsum decides the sign
+    for at, high_sum, low_sum in zip(used.tolist(), high_sums, low_sums, strict=True):
+        total += (int(high_sum) + int(low_sum)) << (at - base)  # integers: scaled by 2**53
     scale = base - _OFFSET - 53
     if scale >= 0:
         return float(total << scale)
