@@ -12,8 +12,8 @@ read the store at the same time; small segments are merged as they pile up. A st
 file is kept beside it as `<name>.old`.
 
 As-of reads are one `ASOF LEFT JOIN` of the spine (an Arrow table with an integer row id, never
-keys glued into strings) against the feature's segments pruned to the spine's time range,
-ordered back by row id: no Python loop per row, duplicate spine rows all answered.
+keys glued into strings) against the feature's segments pruned to the spine's time range, put
+back in spine order by row id: no Python loop per row, duplicate spine rows all answered.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ _READ_ATTEMPTS = 4  # a read that meets a segment merged away lists the files ag
 # inserted_at, seq, row), which costs about twice the plain join; a null ts is -infinity there
 # so it matches nothing (a struct with a null field compares as largest).
 _ASOF = """
-select {values}
+select spine.row_id, {values}
 from kairos_spine as spine
 asof left join (
     select key, observed_at, {columns}{version}
@@ -90,7 +90,6 @@ asof left join (
 ) as event
     on spine.key = event.key
     and {inequality}
-order by spine.row_id
 """
 _VERSION = ", (observed_at, inserted_at, seq, row_number) as version"
 _PLAIN = "spine.ts >= event.observed_at"
@@ -613,8 +612,15 @@ class DuckDBOfflineStore(OneFeatureWrites):
             result = cursor.sql(sql, params=parameters).to_arrow_table()
         finally:
             cursor.close()
+        # back into spine order: one row per spine row came back, each with its row id, so
+        # placing them by id is one pass (an ORDER BY sorted them: ~9% of the query's CPU)
+        if result.num_rows != rows:  # pragma: no cover - an ASOF LEFT JOIN keeps each row once
+            raise KairosError(f"{self!r}: the as-of join returned {result.num_rows} of {rows} rows")
+        place = np.empty(rows, dtype=np.int64)
+        place[result.column(0).to_numpy()] = np.arange(rows, dtype=np.int64)
+        order = pa.array(place)
         return {
-            feature: _readable(result.column(index), kinds[feature])
+            feature: _readable(result.column(1 + index).take(order), kinds[feature])
             for index, feature in enumerate(group)
         }
 
