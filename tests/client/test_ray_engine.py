@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 import kairos as kr
@@ -19,7 +20,9 @@ from examples.fraud.generate import ANCHOR, generate
 from kairos import features, online
 from kairos.client import ray_engine
 from tests.engine.test_windows import WINDOWED, Account, Payment, brute, events, same
+from tests.resolvers.test_nearest import Doc, Ticket, client_for, doc, unit
 from tests.stores.conftest import REDIS_URL, delete_prefix, redis_available
+from tests.stores.test_vectors import pg_url as pg_url  # pgvector, a fixture
 
 PROJECT = Path(__file__).parents[2] / "examples" / "fraud"
 EXAMPLE_FEATURES = [
@@ -220,3 +223,77 @@ def test_entities_stay_in_one_part_in_spine_order() -> None:
     owner = {keys[row]: index for index, part in enumerate(parts) for row in part}
     assert all(owner[keys[row]] == index for index, part in enumerate(parts) for row in part)
     assert ray_engine.partition(keys, 5) == parts  # the same split every time
+
+
+def nearest_spine() -> dict[str, list[Any]]:
+    """Tickets in two languages asking from several angles at times around the docs' edits."""
+    rng = random.Random(31)
+    rows = 40
+    return {
+        "ticket.id": [f"t{rng.randint(0, 11)}" for _ in range(rows)],
+        "ticket.lang": [rng.choice(["en", "de"]) for _ in range(rows)],
+        "ticket.question_embedding": [unit(rng.uniform(0, 90)) for _ in range(rows)],
+        "ts": [T0 + timedelta(hours=rng.randint(-2, 60)) for _ in range(rows)],
+    }
+
+
+def nearest_docs() -> list[dict[str, Any]]:
+    """Docs in both languages and years, some observed later, one updated after a day."""
+    found = [
+        doc(i, 9.0 * i, lang="en" if i % 3 else "de", year=2018 + i, at=T0 + timedelta(hours=4 * i))
+        for i in range(10)
+    ]
+    return [*found, {**doc(4, 85.0, year=2025), "updated_at": T0 + timedelta(days=1)}]
+
+
+def test_kr_nearest_on_ray_searches_the_clients_pgvector_index(
+    pg_url: str, ray_cluster: None, tmp_path: Path
+) -> None:
+    # vectors= is given to the client, not in a config the workers could read it from
+    spine = nearest_spine()
+    outputs = [Ticket.related, Ticket.same_lang]
+    try:
+        with client_for(pg_url, tmp_path) as client:
+            client.write_events(Doc, nearest_docs())
+            local = client.offline_query(spine, outputs)
+            on_ray = client.offline_query(spine, outputs, engine="ray")
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as connection:
+            connection.execute('DROP TABLE IF EXISTS "doc.embedding"')
+    assert local.errors == [] and on_ray.errors == []
+    assert on_ray.table.equals(local.table)
+    related = local.column("ticket.related")
+    # k rows whenever k docs exist as of the row's time (d{i} from T0 + 4i hours)
+    existing = [sum(T0 + timedelta(hours=4 * i) <= ts for i in range(10)) for ts in spine["ts"]]
+    assert [len(rows) for rows in related] == [min(3, n) for n in existing]
+    assert sum(existing) > 0
+    # the corpus as of each row: the update of d4 is seen only from its time on
+    for ts, rows in zip(spine["ts"], related, strict=True):
+        assert all(r["updated_at"] <= ts for r in rows)
+
+
+def test_kr_nearest_over_an_embedded_index_is_refused_on_ray_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def connect(ray: Any, address: str | None) -> None:
+        pytest.fail("engine='ray' joined Ray for a query it must refuse")
+
+    monkeypatch.setattr(ray_engine, "_connect", connect)
+    spine = nearest_spine()
+    with client_for(str(tmp_path / "vectors"), tmp_path) as client:
+        client.write_events(Doc, nearest_docs())
+        with pytest.raises(
+            kr.InvalidInput,
+            match=r"'ticket\.same_lang' is a kr\.nearest over the embedded vector index at "
+            r".*vectors'.*use engine='local' or a postgresql:// vectors URL",
+        ) as refused:
+            client.offline_query(spine, [Ticket.same_lang], engine="ray")
+        assert refused.value.field == "engine"
+        local = client.offline_query(spine, [Ticket.same_lang])  # this process searches it
+    assert local.errors == []
+    assert all(
+        r["lang"] == lang
+        for rows, lang in zip(local.column("ticket.same_lang"), spine["ticket.lang"], strict=True)
+        for r in rows
+    )
+    assert any(local.column("ticket.same_lang"))

@@ -409,7 +409,14 @@ class Client:
     def _recompute(self, engine: str, address: str | None) -> Recompute | None:
         """What recomputes offline rows: this process (None), or Ray workers that build
         this client again from its project (kairos.client.ray_engine)."""
-        rebuild = Rebuild(type(self), self.project, self.config, self._online_url, self._id_prefix)
+        rebuild = Rebuild(
+            type(self),
+            self.project,
+            self.config,
+            self._online_url,
+            self._id_prefix,
+            vectors=self.vectors.url,
+        )
         return recompute_engine(engine, address, self._runtime, rebuild)
 
     def replay(

@@ -15,6 +15,10 @@ the local engine on a Ray worker, the rows put back in the spine's order.
 - Windows over events kept in this process (the in-process index) go with each part: the
   events of the part's own entities, in the index's order. Windows in a store every replica
   shares (Redis) are read there by the workers.
+- `kr.nearest` features search the client's vector index from the workers, which open it at
+  the client's `vectors` URL: pgvector. The embedded index is a folder that one process at a
+  time holds open (this one) and that workers on other machines do not see: a plan that
+  searches it is refused before any work, naming the feature.
 - Stored values (`recompute=False`, features not in `recompute=[...]`) are read in this
   process, as with the local engine; nothing is written by the workers.
 - Progress is reported per part done (`progress(rows_done, rows)`, and the `kairos.ray`
@@ -42,6 +46,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from kairos.backends import parse, redact
 from kairos.client.config import Config
 from kairos.client.offline import Progress, Recompute
 from kairos.client.project import Project
@@ -75,14 +80,15 @@ EventRows = tuple[str, str, str, list[dict[str, Any]]]
 @dataclass(frozen=True)
 class Rebuild:
     """How a Ray worker builds a client again: the client's class, its definitions (the
-    project folder, or objects importable by module and name) and config, and the online
-    store URL windows may live in (None: an object was passed)."""
+    project folder, or objects importable by module and name) and config, the online store
+    URL windows may live in (None: an object was passed) and the vector indexes' URL."""
 
     factory: Callable[..., Any]
     project: Project
     config: Config = field(repr=False)  # may hold secrets
     online_store: str | None
     token: str  # names this client's copies on the workers
+    vectors: str = field(repr=False)  # a postgresql:// URL may hold a password
 
     def spec(self, online_store: str, timeout: timedelta) -> WorkerSpec:
         """What the workers are sent; KairosError if a definition cannot be imported there."""
@@ -101,6 +107,7 @@ class Rebuild:
             timeout,
             online_store,
             self.token,
+            self.vectors,
         )
 
 
@@ -115,6 +122,7 @@ class WorkerSpec:
     timeout: timedelta
     online_store: str
     token: str
+    vectors: str = field(repr=False)
 
 
 def recompute_engine(
@@ -150,6 +158,7 @@ class RayRecompute:
         row_times: list[datetime],
         progress: Progress | None,
     ) -> tuple[dict[str, list[Any]], list[FeatureError]]:
+        self._check_searches(plan)
         ray = _import_ray()
         reads, shared = self._index_reads(plan, inputs)
         spec = self.rebuild.spec(
@@ -197,6 +206,21 @@ class RayRecompute:
         order = {name: index for index, name in enumerate(names)}
         errors.sort(key=lambda e: (order.get(e.feature, len(order)), e.row or 0))
         return values, errors
+
+    def _check_searches(self, plan: Plan) -> None:
+        """InvalidInput when the plan searches an embedded vector index: it is a folder this
+        process holds open (a second open fails), which workers elsewhere do not even see."""
+        if parse(self.rebuild.vectors).family == "postgresql":
+            return  # pgvector: every worker connects to the same index
+        for node in plan.nodes:
+            if node.kind == "nearest":
+                raise InvalidInput(
+                    f"engine='ray': {', '.join(map(repr, node.outputs))} is a kr.nearest over "
+                    f"the embedded vector index at {redact(self.rebuild.vectors)!r}, which "
+                    "only this process opens; use engine='local' or a postgresql:// vectors "
+                    "URL (pgvector), which every Ray worker reaches",
+                    field="engine",
+                )
 
     def _index_reads(self, plan: Plan, inputs: dict[str, list[Any]]) -> tuple[set[IndexRead], bool]:
         """The events the plan reads from an in-process index (shipped with each part), and
@@ -483,6 +507,7 @@ def _build(spec: WorkerSpec) -> Any:
         offline_store="none://",
         query_log="none://",
         default_timeout=spec.timeout,
+        vectors=spec.vectors,
     )
     client.models.warm()  # as a server does: no part spends its timeout loading a model
     return client
