@@ -107,6 +107,13 @@ def test_asof_matches_a_brute_force_oracle(
         expected = [oracle(events, k, t, ttl) for k, t in zip(spine_keys, spine_times, strict=True)]
         assert got == expected, f"ttl={ttl}"
         assert any(v is not None for v in expected)
+    # a spine inside the events' span: segments hold rows after its last time and (with a
+    # ttl) before its first time less the ttl, which the read filters out
+    inside = [minutes(24 + i % 4) for i in range(len(spine_keys))]
+    for ttl in (None, timedelta(minutes=5)):
+        got = store.asof("user", "score", spine_keys, inside, ttl).to_pylist()
+        expected = [oracle(events, k, t, ttl) for k, t in zip(spine_keys, inside, strict=True)]
+        assert got == expected, f"inside, ttl={ttl}"
 
 
 def test_ties_inside_one_batch_go_to_the_row_written_last(store: DuckDBOfflineStore) -> None:

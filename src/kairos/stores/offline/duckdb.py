@@ -18,6 +18,7 @@ back in spine order by row id: no Python loop per row, duplicate spine rows all 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -85,8 +86,7 @@ select spine.row_id, {values}
 from kairos_spine as spine
 asof left join (
     select key, observed_at, {columns}{version}
-    from {events}
-    where observed_at <= $max_ts{lower_bound}
+    from {events}{where}
 ) as event
     on spine.key = event.key
     and {inequality}
@@ -552,29 +552,36 @@ class DuckDBOfflineStore(OneFeatureWrites):
                 parameters[f"ttl{index}"] = limit
             values.append(value)
         limits = [ttl_of(ttl, feature) for feature in group]
-        lower_bound = ""
         if all(limit is not None for limit in limits):
-            try:
+            with contextlib.suppress(OverflowError):  # a ttl reaching before year 1: no bound
                 parameters["min_ts"] = earliest - max(limit for limit in limits if limit)
-                lower_bound = " and observed_at > $min_ts"
-            except OverflowError:  # a ttl reaching before year 1 prunes nothing
-                pass
         # the segments holding rows the join can use: observed by the spine's last time, and
         # (with ttls) after its first time less the longest ttl
         until = codec.to_micros(latest)
         since = codec.to_micros(parameters["min_ts"]) if "min_ts" in parameters else None
         files: dict[str, list[str]] = {}
+        # the row filters, only where a kept segment holds rows they drop (a filter that keeps
+        # every row still costs the scan a comparison per row)
+        conditions: dict[str, str] = {}
         for info in held:
             kept = [
-                s.path
+                s
                 for s in listings[info.table].segments
                 if s.earliest <= until and (since is None or s.latest > since)
             ]
             if kept:
-                files[info.table] = kept
+                files[info.table] = [s.path for s in kept]
+            if any(s.latest > until for s in kept):
+                conditions["max_ts"] = "observed_at <= $max_ts"
+            if since is not None and any(s.earliest <= since for s in kept):
+                conditions["min_ts"] = "observed_at > $min_ts"
         held = [info for info in held if info.table in files]
         if not held:
             return {f: pa.nulls(rows, _VALUE_TYPES[kinds[f]][1]) for f in group}
+        for bound in ("max_ts", "min_ts"):
+            if bound not in conditions:
+                parameters.pop(bound, None)
+        where = f"\n    where {' and '.join(conditions.values())}" if conditions else ""
         for index, info in enumerate(held):
             parameters[f"files{index}"] = files[info.table]
         if len(held) == 1:
@@ -603,7 +610,7 @@ class DuckDBOfflineStore(OneFeatureWrites):
             columns=", ".join(columns),
             version=_VERSION if ties else "",
             events=events,
-            lower_bound=lower_bound,
+            where=where,
             inequality=_TIE_BREAKING if ties else _PLAIN,
         )
         cursor = self._cursor()
