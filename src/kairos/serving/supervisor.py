@@ -28,10 +28,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlencode
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kairos.http.client import HTTPClient, HTTPFailure
 from kairos.serving.deploy import DeploymentSpec, engine_command, engine_env
 from kairos.serving.errors import DeploymentError
 
@@ -78,6 +80,7 @@ class DeploymentGroup:
         self._on_event = on_event
         self._log_dir = Path(log_dir) if log_dir else None
         self._http: httpx.AsyncClient | None = None
+        self._poll: HTTPClient | None = None  # the twice-a-second load reads: the cheap client
         self._monitor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._waiting_since: float | None = None
@@ -146,6 +149,7 @@ class DeploymentGroup:
             self._log_dir = Path(tempfile.mkdtemp(prefix=f"kairos-deploy-{self.name}-"))
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0))
+        self._poll = HTTPClient()
         self._emit(f"starting {self.spec.replicas} {self.spec.engine} replica(s) of "
                    f"{self.name!r} (logs in {self._log_dir})")  # fmt: skip
         fresh = [self._add() for _ in range(self.spec.replicas)]
@@ -172,6 +176,8 @@ class DeploymentGroup:
         await asyncio.gather(*(self._retire(r) for r in live))
         if self._http is not None:
             await self._http.aclose()
+        if self._poll is not None:
+            await self._poll.close()
         self._emit(f"stopped {self.name!r}")
 
     # -- replicas --------------------------------------------------------------------------
@@ -283,6 +289,8 @@ class DeploymentGroup:
                 replica._log = None
         if self._http is not None:
             await self._http.aclose()
+        if self._poll is not None:
+            await self._poll.close()
 
     # -- the watch loop --------------------------------------------------------------------
 
@@ -324,20 +332,22 @@ class DeploymentGroup:
 
     async def _read_load(self, replica: Replica) -> None:
         """Read the engine's waiting and running gauges from its Prometheus text."""
-        if self._http is None:
+        if self._poll is None:
             return
         kind = self.spec.kind
-        # only the two gauges (Prometheus' `name[]` filter, vLLM's server has it too): the
-        # whole text, rendered and parsed twice a second, cost both processes CPU the engine
-        # was decoding with
-        wanted = [("name[]", kind.waiting_metric), ("name[]", kind.running_metric)]
+        # only the two gauges (Prometheus' `name[]` filter, vLLM's server has it too), with
+        # kairos' own client: the whole text through httpx, twice a second, cost both
+        # processes CPU the engine was decoding with
+        query = urlencode([("name[]", kind.waiting_metric), ("name[]", kind.running_metric)])
         try:
-            response = await self._http.get(replica.url + "/metrics", params=wanted, timeout=2.0)
-        except httpx.HTTPError:
+            response = await self._poll.request("GET", f"{replica.url}/metrics?{query}", {}, b"",
+                                                2.0, connect_timeout=2.0)  # fmt: skip
+            text = (await response.read()).decode()
+        except HTTPFailure:
             return
         replica.last_seen = time.monotonic()
         waiting = running = 0.0
-        for family in text_string_to_metric_families(response.text):
+        for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == kind.waiting_metric:
                     waiting += sample.value
