@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from sklearn.linear_model import LinearRegression
+from threadpoolctl import ThreadpoolController
 
 import kairos as kr
 from kairos import Features, _, features, online
@@ -170,3 +171,23 @@ def test_the_trace_tells_model_time_from_the_rest(client: kr.Client) -> None:
     assert kinds["model:score:account.score"] == "model"
     assert kinds["inputs"] == "python"
     assert "model" in client.explain([Account.id], [Account.score])
+
+
+def test_models_threads_sizes_the_openmp_pool_of_the_features_model_calls(tmp_path: Path) -> None:
+    if not ThreadpoolController().select(user_api="openmp").info():
+        pytest.skip("no OpenMP runtime loaded")  # scikit-learn, imported above, brings one
+    seen: list[int] = []
+
+    def counted(rows: np.ndarray) -> np.ndarray:  # a + b, noting the OpenMP threads it gets
+        info = ThreadpoolController().select(user_api="openmp").info()
+        seen.append(int(info[0]["num_threads"]))
+        return np.asarray(rows @ np.array([1.0, 1.0]))
+
+    settings = Config(base_dir=tmp_path, models=ModelsConfig(threads=3))
+    with kr.Client(definitions=[Account, inputs], config=settings) as client:
+        client.models.register("score", linear(1.0, 1.0), aliases=["prod"], inputs=["a", "b"])
+        _, predictor = client.models.store.predictor("score")
+        predictor.infer = counted
+        result = client.query({Account.id: "acc4"}, [Account.score])
+    assert result.get_value(Account.score) == pytest.approx(6.0)
+    assert seen == [3]
