@@ -194,7 +194,7 @@ def _range_filter(
         keys = sorted_keys(ctx.frame, ctx.table, name)
         if keys is None:
             return None
-        target = _key_of(bound(ctx.slots, ctx.now, None), ctx.table.schema.field(name).type)
+        target = key_of(bound(ctx.slots, ctx.now, None), ctx.table.schema.field(name).type)
         if target is None:
             return None
         at = int(np.searchsorted(keys, target, side=side))
@@ -204,25 +204,38 @@ def _range_filter(
 
 
 def sorted_keys(frame: DataFrame[Any], table: pa.Table, name: str) -> np.ndarray | None:
-    """The column as int64 when it is a timestamp or int column, sorted, without nulls."""
+    """`column_keys` of the table, remembered by the frame."""
     cache_key = ("sorted", name, id(table))
     if cache_key in frame.cache:
         return frame.cache[cache_key]  # type: ignore[no-any-return]
-    keys = None
-    if name in table.column_names:
-        column = table.column(name)
-        kind = column.type
-        if (pa.types.is_timestamp(kind) or kind == pa.int64()) and column.null_count == 0:
-            array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-            values = array.view(pa.int64()) if pa.types.is_timestamp(kind) else array
-            candidate = values.to_numpy(zero_copy_only=True)
-            if len(candidate) < 2 or bool(np.all(candidate[1:] >= candidate[:-1])):
-                keys = candidate
+    keys = column_keys(table, name)
     frame.cache[cache_key] = keys
     return keys
 
 
-def _key_of(value: Any, kind: pa.DataType) -> int | None:
+def remember_sorted(frame: DataFrame[Any], table: pa.Table, name: str, keys: np.ndarray) -> None:
+    """Tell the frame what `column_keys(table, name)` is, found by whoever checked it."""
+    frame.cache[("sorted", name, id(table))] = keys
+
+
+def column_keys(table: pa.Table, name: str) -> np.ndarray | None:
+    """The column as int64 when it is a timestamp or int column, sorted, without nulls."""
+    if name not in table.column_names:
+        return None
+    column = table.column(name)
+    kind = column.type
+    if not (pa.types.is_timestamp(kind) or kind == pa.int64()) or column.null_count:
+        return None
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    values = array.view(pa.int64()) if pa.types.is_timestamp(kind) else array
+    keys: np.ndarray = values.to_numpy(zero_copy_only=True)
+    if len(keys) < 2 or bool(np.all(keys[1:] >= keys[:-1])):
+        return keys
+    return None
+
+
+def key_of(value: Any, kind: pa.DataType) -> int | None:
+    """`value` as the int64 a timestamp or int64 column holds, None when not comparable so."""
     if pa.types.is_timestamp(kind):
         if not isinstance(value, datetime) or value.tzinfo is None:
             return None  # the row engine would raise or compare differently

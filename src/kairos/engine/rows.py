@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -72,7 +73,7 @@ def normalize_rows(graph: Graph, info: FeatureInfo, value: Any, now: datetime) -
         table = types.conform(table)
     if table.num_rows == 0:
         return DataFrame.from_arrow(_no_rows(child))  # typed columns, so filters still apply
-    return DataFrame.from_arrow(_until(table, child.feature_time, now))
+    return _until(table, child.feature_time, now)
 
 
 def _no_rows(child: ClassInfo) -> pa.Table:
@@ -199,17 +200,25 @@ def _conform(array: pa.Array, vt: ValueType | None) -> pa.Array | None:
     return None
 
 
-def _until(table: pa.Table, time_column: str | None, now: datetime) -> pa.Table:
+def _until(table: pa.Table, time_column: str | None, now: datetime) -> DataFrame[Any]:
     """Nothing from the future: rows whose time is after `now` do not exist yet."""
     if time_column is None or time_column not in table.column_names or table.num_rows == 0:
-        return table
+        return DataFrame.from_arrow(table)
     times = table.column(time_column)
     if not pa.types.is_timestamp(times.type):
-        return table
+        return DataFrame.from_arrow(table)
+    keys = columnar.column_keys(table, time_column)
+    bound = columnar.key_of(now, times.type) if keys is not None else None
+    if keys is not None and bound is not None:  # sorted times: the future is a tail
+        cut = int(np.searchsorted(keys, bound, side="right"))
+        kept = table if cut == len(keys) else table.slice(0, cut)
+        frame = DataFrame.from_arrow(kept)
+        columnar.remember_sorted(frame, kept, time_column, keys[:cut])  # windows search it
+        return frame
     late = pc.greater(times, pa.scalar(now, type=times.type))
     if not pc.any(late).as_py():
-        return table
-    return table.filter(pc.invert(pc.fill_null(late, False)))
+        return DataFrame.from_arrow(table)
+    return DataFrame.from_arrow(table.filter(pc.invert(pc.fill_null(late, False))))
 
 
 def _typed_rows(
