@@ -241,3 +241,23 @@ def test_each_decision_is_replayed_once_however_often_it_is_named(client: kr.Cli
     summary = result.summary()
     assert summary["decisions"] == 3 and summary["changed_decisions"] <= 3
     assert len(client.log.store.get_many([*ids, "never-logged"])) == 3
+
+
+def test_a_recomputed_has_many_is_rows_like_the_logged_one_and_unchanged(
+    client: kr.Client,
+) -> None:
+    served = client.query_bulk(
+        {"user.id": USERS[:5]},
+        ["user.transactions", "user.txn_count[7d]"],
+        now=ANCHOR,
+        staleness={name: "0s" for name in [*INPUTS, *READ]},
+    )
+    assert served.errors == []
+    result = client.replay(since=ANCHOR - timedelta(days=1), recompute=["user.transactions"])
+    rows = [r for r in result.rows if r.feature == "user.transactions"]
+    assert len(rows) == 5 and any(r.logged for r in rows)
+    for row in rows:
+        assert type(row.replayed) is list  # rows as dicts, as logged and as queries return
+        assert row.replayed == row.logged
+    assert not any(r.changed for r in result.rows)
+    json.dumps(result.summary())  # the report stays JSON

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kairos.client.runtime import Runtime, plan_with
 from kairos.definitions.completion import CompletionOptions
+from kairos.definitions.frame import DataFrame
 from kairos.definitions.predict import ModelOptions
 from kairos.engine.result import ColumnData
 from kairos.errors import InvalidInput
@@ -364,6 +365,8 @@ async def _compare(
                     continue
                 error = column.errors[index]
                 value = column.values[index]
+                if isinstance(value, DataFrame):  # has-many rows as logged: dicts
+                    value = value.rows
                 rows.append(
                     ReplayRow(
                         record.query_id,
