@@ -6,6 +6,7 @@ pushed down as IN (...)) and an offline spine (one lateral statement)."""
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ import yaml
 import kairos as kr
 from kairos.definitions.frame import DataFrame
 from kairos.engine import execution
+from kairos.sources.errors import SourceError
+from kairos.sources.postgres import PostgresSource
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 NOW = datetime(2026, 1, 10, tzinfo=UTC)
@@ -204,3 +207,27 @@ def test_sql_has_many_rows_reach_the_engine_as_arrow_with_the_rows_answers(
     assert rows[first_null[0]]["amount"] is None
     assert rows[mine[0][0]]["ts"] == mine[0][7]
     assert as_arrow[len(OWNERS) - 1][0] == 0  # nobody: no rows, no error
+
+
+def test_postgres_reads_rows_where_adbc_would_not_answer_as_psycopg() -> None:
+    """None: NULL parameters, a column type without a psycopg-equal Arrow form, a statement
+    ADBC refuses that psycopg runs (text bound to an int comparison). Then `fetch` answers."""
+    source = PostgresSource("db", POSTGRES)
+
+    async def check() -> None:
+        try:
+            fetch = source.fetch_arrow
+            table = await fetch("select $1::bigint + 1 as n, 1.50::numeric(4, 2) as p", [2])
+            assert table is not None and table.to_pylist() == [{"n": 3, "p": Decimal("1.50")}]
+            assert await fetch("select coalesce($1::bigint, 0) as n", [None]) is None
+            assert await fetch("select interval '1 day' as i", []) is None
+            refused = "select n from (values (7)) as t(n) where n = $1"
+            assert await fetch(refused, ["7"]) is None
+            assert await source.fetch(refused, ["7"]) == (["n"], [(7,)])
+        finally:
+            await source.close()
+
+    try:
+        asyncio.run(check())
+    except SourceError as error:
+        pytest.skip(f"PostgreSQL is not reachable: {error}")
