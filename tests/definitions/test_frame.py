@@ -151,6 +151,8 @@ def test_columns_of_different_lengths_are_refused_naming_each_length() -> None:
 def test_a_column_of_mixed_types_is_refused_with_the_fix() -> None:
     with pytest.raises(InvalidValue, match="give each column one type"):
         DataFrame({"amount": [1.0, "lots"]}).to_arrow()
+    with pytest.raises(InvalidValue, match=r"column id with type object.*one type"):
+        DataFrame(pd.DataFrame({"id": ["t1", 2]}))  # an InvalidValue, not Arrow's own error
 
 
 # --- the Chalk idiom, end to end through a client ----------------------------------------

@@ -65,7 +65,7 @@ class DataFrame(Generic[T]):
         elif isinstance(data, Mapping):
             self._table = _from_columns(data)
         elif _is_pandas(data):
-            self._table = pa.Table.from_pandas(data, preserve_index=False)
+            self._table = _from_pandas(data)
         elif hasattr(data, "to_arrow") and not isinstance(data, Sequence):
             self._table = data.to_arrow()  # polars
         else:
@@ -157,6 +157,17 @@ def _row(item: Any, index: int) -> dict[str, Any]:
 
 def _is_pandas(data: Any) -> bool:
     return type(data).__module__.startswith("pandas") and hasattr(data, "to_dict")
+
+
+def _from_pandas(frame: Any) -> pa.Table:
+    """A pandas DataFrame's columns (a float NaN, pandas' missing value, as null)."""
+    try:
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as error:
+        raise InvalidValue(
+            "a pandas DataFrame column holds values Arrow cannot keep in one column "
+            f"({'; '.join(map(str, error.args))}); give each column one type"
+        ) from None
 
 
 def _from_columns(columns: Mapping[Any, Any]) -> pa.Table:
