@@ -62,6 +62,7 @@ def test_both_ways_are_exercised_and_agree_with_math_fsum() -> None:
     rng = np.random.default_rng(11)
     money = np.round(rng.lognormal(3, 1, 40_000), 2)  # bits span two or three rounds
     wide = rng.standard_normal(40_000) * 10.0 ** rng.integers(-300, 300, 40_000)
+
     def sigma(values: np.ndarray) -> float:
         return 2.0 ** (math.frexp(float(np.abs(values).max()))[1] + summation._M)
 
