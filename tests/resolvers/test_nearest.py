@@ -9,6 +9,7 @@ at two times, and tokens per retrieved row in a prompt.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -466,3 +467,33 @@ def test_the_vectors_setting_is_a_folder_under_the_project_or_a_postgres_url(
     (tmp_path / "kairos.yaml").write_text("vectors: 3\n")
     with pytest.raises(ProjectError, match="`vectors` is a folder"):
         Config.load(tmp_path)
+
+
+def test_a_vector_computed_at_write_is_kept_with_the_event_in_the_offline_store(
+    tmp_path: Path,
+) -> None:
+    with kr.Client(
+        definitions=[Article, Question],
+        query_log="none://",
+        offline_store=f"duckdb:///{tmp_path / 'offline.duckdb'}",
+        vectors=str(tmp_path / "vectors"),
+    ) as client:
+        client.write_events(
+            Article,
+            [
+                {"id": "a1", "topic": "garden", "text": "old text", "updated_at": T0},
+                {"id": "a1", "topic": "garden", "text": TOPICS["garden"][0], "updated_at": T0},
+            ],
+        )
+        kept = client.offline_store().latest_rows("article", ["text", "vector"]).to_pylist()
+        found = client.query(
+            {Question.id: "q", Question.text: TOPICS["garden"][0]},
+            [Question.vector, Question.answers],
+            now=T0 + timedelta(minutes=1),
+        )
+    assert len(kept) == 1 and kept[0]["text"] == TOPICS["garden"][0]
+    assert kept[0]["vector"] is not None  # the embedding the write computed, not a null
+    stored = np.array(json.loads(kept[0]["vector"]))
+    asked = np.array(found.get_value(Question.vector))
+    assert stored.shape == (384,)
+    assert float(stored @ asked / np.linalg.norm(stored) / np.linalg.norm(asked)) > 0.999

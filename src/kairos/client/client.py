@@ -548,14 +548,18 @@ class Client:
         """
         namespace = events_of if isinstance(events_of, str) else self.graph.namespace_of(events_of)
         info = event_class(self.graph, namespace)
-        typed = typed_events(info, rows)
-        # a searched class's rows get their vectors (computed if not given) before anything
-        # is kept, so a row whose embedding fails leaves nothing half-written
-        searched = bool(self.vectors.searched(namespace))
-        # every version of a document stays searchable as of its own time, even where the
-        # windows and the offline store keep only an id's last row
-        versions = typed_events(info, rows, versions=True) if searched else []
-        documents = self._sync(self.vectors.documents(info, versions)) if searched else {}
+        documents: dict[str, Any] = {}
+        if self.vectors.searched(namespace):
+            # a searched class's rows get their vectors (computed if not given) before
+            # anything is kept, so a row whose embedding fails leaves nothing half-written;
+            # every version of a document stays searchable as of its own time, even where
+            # the windows and the offline store keep only an id's last row (which then
+            # carries its vector too)
+            versions = typed_events(info, rows, versions=True)
+            documents = self._sync(self.vectors.documents(info, versions))
+            typed = typed_events(info, versions)
+        else:
+            typed = typed_events(info, rows)
         self.windows.check(str(info.feature_time), typed)  # refused before anything is kept
         if self.offline_writer is not None:  # durable first: an acknowledged event is kept
             persist(self.offline_store(), info, typed)
