@@ -409,6 +409,22 @@ def test_explain_tokens_shows_which_features_fill_the_prompt(
     assert plain not in out  # the key is never printed
 
 
+def test_a_local_embedding_waits_for_its_model_to_load_unless_told_otherwise() -> None:
+    @features
+    class Note:
+        id: str
+        text: str
+        vector: list[float] = kr.embedding(model="local/minilm", input=_.text)
+        quick: list[float] = kr.embedding(model="local/minilm", input=_.text, timeout="2s")
+        remote: list[float] = kr.embedding(model="text-embedding-3-small", input=_.text)
+
+    with kr.Client(definitions=[Note], query_log="none://", default_timeout="5s") as client:
+        plan = client.explain(input=["note.id", "note.text"], output=["note.vector"])
+        quick = client.explain(input=["note.id", "note.text"], output=["note.quick"])
+        remote = client.explain(input=["note.id", "note.text"], output=["note.remote"])
+    assert "timeout 1m" in plan and "timeout 2s" in quick and "timeout 5s" in remote
+
+
 @pytest.mark.slow
 def test_local_embeddings_need_no_gateway_and_place_similar_texts_close() -> None:
     @features

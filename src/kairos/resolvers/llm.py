@@ -19,6 +19,7 @@ import json
 import time
 from collections.abc import AsyncIterable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Protocol
 
 from kairos.definitions.completion import CompletionOptions, EmbeddingOptions, UsageOptions
@@ -26,6 +27,7 @@ from kairos.definitions.feature import FeatureRef, class_spec, field_of
 from kairos.definitions.graph import Graph
 from kairos.definitions.types import DataFrame, FeaturesSpec
 from kairos.errors import DefinitionError, KairosError, did_you_mean
+from kairos.llm.embeddings import LOCAL_MINILM
 from kairos.llm.prompts import TEMPLATE, Prompt, Template, Windows
 from kairos.llm.tokens import Tokenizer
 from kairos.resolvers.calls import current_row, listening, report_llm
@@ -33,6 +35,8 @@ from kairos.resolvers.python import Resolver
 
 # tokens a chat template adds around the messages, kept free when max_tokens is clamped
 FORMAT_MARGIN = 32
+# A local embedding feature's default timeout: the first call loads the model into memory.
+LOCAL_MODEL_TIMEOUT = timedelta(seconds=60)
 
 
 class CompletionFailed(KairosError, RuntimeError):
@@ -412,7 +416,10 @@ class EmbeddingResolver(Resolver[..., Any]):
             return_annotation=output,
         )
         embed.__name__ = embed.__qualname__ = f"embed_{output.name}"
-        super().__init__(embed, "online", options.timeout, f"embedding:{output.fqn}")
+        timeout = options.timeout
+        if timeout is None and options.model == LOCAL_MINILM:
+            timeout = LOCAL_MODEL_TIMEOUT  # its first call loads the model, seconds on a CPU
+        super().__init__(embed, "online", timeout, f"embedding:{output.fqn}")
 
     @property
     def version(self) -> str:
