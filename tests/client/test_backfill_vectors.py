@@ -100,7 +100,7 @@ def found(client: kr.Client, output: Any, now: datetime | None, lang: str = "en"
 
 def backfill(client: kr.Client, engine: str = "local", **options: Any) -> Any:
     return client.materialize(
-        keys=["p1", "p2", "p3"],
+        keys=options.pop("keys", ["p1", "p2", "p3"]),
         start=T0,
         end=T0 + 4 * DAY,
         every="1d",
@@ -288,3 +288,28 @@ def test_documents_from_a_sql_resolver_are_observed_at_the_grid_time_once_each(
         # the edit is seen at the next grid time; an unchanged f1 stays its first version
         assert faqs(T0 + 4 * DAY)[0] == ("f2", INVOICE, "billing", T0 + 2 * DAY)
         assert ("f1", PASSWORD, "login", T0) in faqs(T0 + 4 * DAY)
+
+
+@online
+def corrected_content(
+    pid: Page.id, now: kr.Now
+) -> kr.Features[Page.title, Page.lang, Page.edited_at]:
+    """A CMS that fixed p2's text on day 2 without moving its edit time."""
+    title = BREAD if pid == "p2" and now < T0 + 2 * DAY else INVOICE if pid == "p2" else GARDEN
+    return title, "en", T0 - DAY
+
+
+def test_a_corrected_document_with_an_unchanged_time_replaces_that_version(
+    vectors: str, tmp_path: Path
+) -> None:
+    with kr.Client(
+        definitions=[Page, Reader, corrected_content],
+        query_log="none://",
+        offline_store=f"duckdb:///{tmp_path / 'offline.duckdb'}",
+        vectors=vectors,
+        default_timeout="60s",  # the first call loads the local model
+    ) as client:
+        report = backfill(client, keys=["p2", "p3"])
+        assert report.documents == 3  # p2 twice (its text changed), p3 once
+        rows = found(client, Reader.pages, None)
+    assert ("p2", INVOICE, T0 - DAY) in rows and all(title != BREAD for _, title, _ in rows)

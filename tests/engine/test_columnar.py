@@ -17,7 +17,7 @@ from kairos.definitions import expressions as ex
 from kairos.definitions.binding import bind_feature
 from kairos.definitions.graph import Graph
 from kairos.engine import columnar
-from kairos.engine.evaluate import compile_expression
+from kairos.engine.evaluate import aggregate_values, compile_expression
 from kairos.engine.rows import normalize_rows
 
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
@@ -194,3 +194,10 @@ def test_min_max_follow_pythons_rules_for_nan_and_signed_zero(values: list[float
 def test_int_sums_do_not_overflow() -> None:
     values = [2**63 - 1, 2**63 - 1, 5]
     assert columnar.aggregate_array("sum", pa.array(values)) == sum(values)
+
+
+def test_float_sums_add_left_to_right_on_every_python() -> None:
+    # a compensated sum (Python 3.12's sum()) would give 1.0; np.add.accumulate gives 0.0
+    values = [1e16, 1.0, -1e16]
+    assert aggregate_values("sum", values) == 0.0
+    assert aggregate_values("sum", [1, 2**70, -(2**70)]) == 1  # ints stay exact

@@ -221,6 +221,9 @@ def test_postgres_reads_rows_where_adbc_would_not_answer_as_psycopg() -> None:
             assert table is not None and table.to_pylist() == [{"n": 3, "p": Decimal("1.50")}]
             assert await fetch("select coalesce($1::bigint, 0) as n", [None]) is None
             assert await fetch("select interval '1 day' as i", []) is None
+            huge = "select $1::numeric + 1 as n"  # beyond int64: psycopg binds it as numeric
+            assert await fetch(huge, [2**70]) is None
+            assert await source.fetch(huge, [2**70]) == (["n"], [(Decimal(2**70 + 1),)])
             refused = "select n from (values (7)) as t(n) where n = $1"
             assert await fetch(refused, ["7"]) is None
             assert await source.fetch(refused, ["7"]) == (["n"], [(7,)])

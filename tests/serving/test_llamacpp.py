@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from kairos.serving import llamacpp
 from kairos.serving.errors import ContextOverflow, EngineNotReady
 from kairos.serving.llamacpp import EngineConfig, Finished, LlamaCppEngine, Piece, Sampling
+from kairos.serving.stops import StopMatcher
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +94,31 @@ def test_an_idle_engine_starts_a_job_in_submit_and_queues_the_rest_in_order(
         return [finished.index(job.id) for job in (first, later[0], later[2])]
 
     assert asyncio.run(run()) == [0, 1, 2]
+
+
+def test_a_job_failing_outside_sampling_ends_with_an_error_and_the_queue_moves_on(
+    engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = StopMatcher
+
+    def broken(stops: Any) -> Any:
+        if tuple(stops) == ("BOOM",):
+            raise ValueError("a stop matcher that cannot be built")
+        return real(stops)
+
+    monkeypatch.setattr(llamacpp, "StopMatcher", broken)  # a fault inside the job's thread
+
+    async def run() -> list[Finished]:
+        failing = engine.submit(engine.tokenize("Hi"), Sampling(max_tokens=4, stop=("BOOM",)))
+        after = engine.submit(engine.tokenize("Hi"), Sampling(max_tokens=4, ignore_eos=True))
+        ends = []
+        for job in (failing, after):
+            async for event in job.events():
+                if isinstance(event, Finished):
+                    ends.append(event)
+        assert engine.running == 0 and engine.waiting == 0
+        return ends
+
+    failed, finished = asyncio.run(run())
+    assert failed.finish_reason == "error" and "cannot be built" in str(failed.error)
+    assert finished.finish_reason == "length" and finished.timings.completion_tokens == 4

@@ -262,8 +262,7 @@ class BackfillVersions:
 
 
 def _same(previous: Document, document: Document, feature_time: str | None) -> bool:
-    if previous.observed_at == document.observed_at:
-        return True
+    # the same time with other content is a correction: written, it replaces that version
     if {k: v for k, v in previous.attributes.items() if k != feature_time} != {
         k: v for k, v in document.attributes.items() if k != feature_time
     }:

@@ -240,12 +240,21 @@ def _aggregate(tree: ex.Agg) -> Compiled:
     return aggregate
 
 
+def sequential_sum(values: list[Any]) -> Any:
+    """Left to right, one rounding per addition, on every Python (3.12's sum() of floats is
+    compensated), so the vectorized engine's np.add.accumulate gives the same bits."""
+    total: Any = 0
+    for value in values:
+        total += value
+    return total
+
+
 def aggregate_values(kind: str, values: list[Any]) -> Any:
     """count/sum/mean/min/max/std/distinct_count of non-null values (sample std, n >= 2)."""
     if kind == "count":
         return len(values)
     if kind == "sum":
-        return sum(values) if values else 0
+        return sequential_sum(values)
     if kind == "distinct_count":  # NaNs count as one value (however many NaN objects)
         return len({v for v in values if v == v}) + any(v != v for v in values)
     if not values:

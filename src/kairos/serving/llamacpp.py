@@ -312,7 +312,15 @@ class LlamaCppEngine:
         job._queue.put_nowait(event)
 
     def _generate(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
-        """Runs on the generation thread: sample tokens and hand each piece to the loop."""
+        """Runs on the generation thread: sample tokens and hand each piece to the loop. A job
+        ends with an event whatever fails, or the queue behind it would wait forever."""
+        try:
+            self._sample(job, loop)
+        except Exception as failure:  # outside the sampling loop's own handling
+            event = _failed(job, f"llama.cpp failed while generating: {failure}")
+            loop.call_soon_threadsafe(self._ended, job, event)
+
+    def _sample(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
         started = time.perf_counter()
         loop.call_soon_threadsafe(self.observer.started, job, started - job.arrived)
         llama, sampling = self._llama, job.sampling
@@ -416,6 +424,12 @@ def _model_params(extra_buffers: bool) -> Iterator[None]:
 def _cancelled(job: Job) -> Finished:
     waited = (time.perf_counter() - job.arrived) * 1e3
     return Finished("cancelled", Timings(waited, 0.0, 0.0, 0.0, waited, 0.0, len(job.prompt), 0))
+
+
+def _failed(job: Job, error: str) -> Finished:
+    waited = (time.perf_counter() - job.arrived) * 1e3
+    timings = Timings(waited, 0.0, 0.0, 0.0, waited, 0.0, len(job.prompt), 0)
+    return Finished("error", timings, error)
 
 
 def _chat_formatter(llama: Any, chat_format: str | None) -> Callable[..., Any]:

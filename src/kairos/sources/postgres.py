@@ -48,6 +48,16 @@ if TYPE_CHECKING:
 _OPTIONS = ("pool_max", "pool_timeout")
 # Parameters ADBC binds as psycopg does (None and others: psycopg's rows instead).
 _ARROW_PARAMETERS = (str, int, float, datetime, date)
+INT64 = range(-(2**63), 2**63)
+
+
+def _arrow_parameter(value: Any) -> bool:
+    """Whether ADBC binds `value` as psycopg does (psycopg binds an int beyond int64 as numeric)."""
+    if isinstance(value, bool) or not isinstance(value, _ARROW_PARAMETERS):
+        return False
+    return not isinstance(value, int) or value in INT64
+
+
 logger = logging.getLogger("kairos.sources")
 
 
@@ -109,9 +119,7 @@ class PostgresSource:
     async def fetch_arrow(self, sql: str, params: Sequence[Any]) -> pa.Table | None:
         """The result as an Arrow table read by ADBC, or None where `fetch` must read it."""
         values = list(params)
-        if self._arrow_failed or not all(
-            isinstance(v, _ARROW_PARAMETERS) and not isinstance(v, bool) for v in values
-        ):
+        if self._arrow_failed or not all(_arrow_parameter(v) for v in values):
             return None
         with self._lock:
             if self._closed:
