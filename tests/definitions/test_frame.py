@@ -195,3 +195,16 @@ def test_a_resolver_returning_feature_instances_answers_windowed_aggregates() ->
         assert [r["id"] for r in rows] == ["t0", "t1", "t2", "t3", "t4", "t5"]
     finally:
         client.close()
+
+
+def test_an_arrow_table_naming_a_column_twice_is_refused_naming_it() -> None:
+    @online
+    def doubled(aid: Account.id) -> DataFrame[Transaction]:
+        return DataFrame(
+            pa.table({"id": ["t1"], "amount": [1.0], "frame_txn.amount": [2.0], "ts": [T0]})
+        )
+
+    with kr.Client(definitions=[Transaction, Account, doubled], query_log="none://") as client:
+        result = client.query({"frame_account.id": "a1"}, ["frame_account.transactions"], now=NOW)
+    (error,) = result.errors
+    assert error.code == "invalid_value" and "'amount' twice" in error.message

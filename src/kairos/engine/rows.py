@@ -117,6 +117,11 @@ class _Columns:
         columns: dict[str, pa.Array] = {}
         for key, column in zip(table.column_names, table.columns, strict=True):
             name, vt = self.feature_type(key)
+            if name in columns:
+                raise InvalidValue(
+                    f"rows of {self.info.fqn} have the column {name!r} twice ({key!r} and another "
+                    "spelling); keep one"
+                )
             array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
             typed = _conform(array, vt)
             if typed is None:
