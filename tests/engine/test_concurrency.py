@@ -141,3 +141,39 @@ def test_dependent_resolver_runs_after_both_of_its_inputs(make_client: MakeClien
     assert result.trace[-1].kind == "query"
     assert result.trace[-1].label == "total"
     assert result.trace[-1].duration_ms >= combined.start_ms + combined.duration_ms - 1e-6
+
+
+def test_expressions_run_as_soon_as_their_inputs_are_done_each_with_its_own_timing(
+    make_client: MakeClient,
+) -> None:
+    @features
+    class Wallet:
+        id: str
+        fast: float
+        slow: float
+        doubled: float = kr._.fast * 2
+        quadrupled: float = kr._.doubled * 2
+        both: float = kr._.quadrupled + kr._.slow
+
+    @online
+    async def fast(wid: Wallet.id) -> Wallet.fast:
+        return 1.0
+
+    @online
+    async def slow(wid: Wallet.id) -> Wallet.slow:
+        await asyncio.sleep(SLEEP)
+        return 10.0
+
+    client = make_client(Wallet, fast, slow)
+    result = client.query(
+        {Wallet.id: "w1"}, [Wallet.doubled, Wallet.quadrupled, Wallet.both], now=NOW
+    )
+
+    assert result.values == {"wallet.doubled": 2.0, "wallet.quadrupled": 4.0, "wallet.both": 14.0}
+    steps = {t.label: t for t in result.trace}
+    assert {"wallet.doubled", "wallet.quadrupled", "wallet.both"} <= set(steps)
+    late = steps["slow"].start_ms + steps["slow"].duration_ms
+    # the chain over `fast` ran while `slow` slept, one step after the other; `both` after both
+    assert steps["wallet.quadrupled"].start_ms + steps["wallet.quadrupled"].duration_ms < late
+    assert steps["wallet.quadrupled"].start_ms >= steps["wallet.doubled"].start_ms
+    assert steps["wallet.both"].start_ms >= late - 1e-6

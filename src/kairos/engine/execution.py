@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -304,19 +304,61 @@ class _Run:
     # --- 3. execute ---------------------------------------------------------------------
 
     async def execute(self, nodes: list[PlanNode]) -> None:
-        tasks: dict[int, asyncio.Task[None]] = {}
-        for node in nodes:  # topological order
-            waits = [tasks[i] for i in node.after if i in tasks]
-            tasks[node.id] = asyncio.ensure_future(self.run_node(node, waits))
+        """Run every node once the nodes it reads from are done. A node that only computes
+        (an expression, a default, a relation's copy) with nothing to read from the store
+        runs inline, as the one before it finishes; resolvers and index reads run as tasks,
+        concurrently. Each node still has its own line in the trace."""
+        order = {node.id: at for at, node in enumerate(nodes)}  # topological
+        waiting = {node.id: {i for i in node.after if i in order} for node in nodes}
+        dependents: dict[int, list[PlanNode]] = {}
+        for node in nodes:
+            for before in waiting[node.id]:
+                dependents.setdefault(before, []).append(node)
+        ready = [node for node in nodes if not waiting[node.id]]
+        running: dict[asyncio.Task[None], PlanNode] = {}
+
+        def finished(node: PlanNode) -> None:
+            for after in dependents.get(node.id, ()):
+                waiting[after.id].discard(node.id)
+                if not waiting[after.id]:
+                    ready.append(after)
+
         try:
-            await asyncio.gather(*tasks.values())
+            while ready or running:
+                ready.sort(key=lambda n: order[n.id])
+                batch, ready[:] = list(ready), []
+                inline: list[PlanNode] = []
+                for node in batch:
+                    if self.runs_inline(node):
+                        inline.append(node)
+                    else:
+                        running[asyncio.ensure_future(self.run_node(node))] = node
+                if inline and len(inline) < len(batch):
+                    await asyncio.sleep(0)  # the new tasks start their I/O first
+                for node in inline:
+                    await self.run_node(node)  # does not suspend: no store read, no I/O
+                    finished(node)
+                if ready or not running:
+                    continue
+                done, _pending = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in sorted(done, key=lambda t: order[running[t].id]):
+                    task.result()  # a bug in a node (not a failed resolver) fails the query
+                    finished(running.pop(task))
         finally:
-            for task in tasks.values():  # nothing is left running if one node blew up
+            for task in running:  # nothing is left running if one node blew up
                 task.cancel()
 
-    async def run_node(self, node: PlanNode, waits: Sequence[asyncio.Task[None]]) -> None:
-        if waits:
-            await asyncio.gather(*waits)
+    def runs_inline(self, node: PlanNode) -> bool:
+        """Whether a node is pure computation on the loop: no resolver, no index or store."""
+        if isinstance(node, RelationNode):
+            return True
+        if not isinstance(node, ExpressionNode | DefaultNode):
+            return False
+        if self.keys(node) is None or node.key in self.plan.inputs:
+            return True  # no cache probe of its own (see run_node)
+        return all(c in self.cached for c in self.cacheable(node))
+
+    async def run_node(self, node: PlanNode) -> None:
         if isinstance(node, RelationNode):  # a copy of the foreign key: nothing to run
             self.cols[node.outputs[0]] = self.cols[node.inputs[0]]
             return
@@ -531,7 +573,8 @@ class _Run:
         with computing(rows):  # model and LLM calls report which entities they computed
             work = node.resolver.runner.run(calls, results, self.engine.pool)
             try:
-                await asyncio.wait_for(work, node.timeout.total_seconds())
+                async with asyncio.timeout(node.timeout.total_seconds()):  # no extra task
+                    await work
             except TimeoutError:
                 status = "timeout"
         for index, row in enumerate(rows):
