@@ -71,3 +71,15 @@ def test_both_ways_are_exercised_and_agree_with_math_fsum() -> None:
     assert summation._extracted(wide, sigma(wide)) is None  # too wide: per exponent
     assert summation._per_exponent(wide) == math.fsum(wide.tolist()) == fsum(wide)
     assert summation._per_exponent(money) == math.fsum(money.tolist()) == fsum(money)
+
+
+def test_one_round_with_a_bound_answers_or_declines_near_a_tie() -> None:
+    rng = np.random.default_rng(13)
+    money = np.round(rng.lognormal(3, 1, 100_000), 2)
+    sigma = 2.0 ** (math.frexp(float(money.max()))[1] + summation._M)
+    assert summation._bounded(money, sigma) == math.fsum(money.tolist())
+    # 1 + 2**-53 lies exactly between two doubles: any error bound straddles the tie, so the
+    # bounded way declines and the exact rounds decide (round half to even: 1.0)
+    tie = np.array([1.0, 2.0**-53] + [0.0] * 100)
+    assert summation._bounded(tie, 2.0 ** (1 + summation._M)) is None
+    assert _same(fsum(tie), math.fsum(tie.tolist())) and fsum(tie) == 1.0
