@@ -96,6 +96,10 @@ def compile_aggregate(
                 lo, hi = max(lo, found[0]), min(hi, found[1])
         if lo != 0 or hi != table.num_rows:
             ctx.table = table.slice(lo, max(hi - lo, 0))
+        if projection is None and masks:  # count() of rows: the last mask's Trues, no filter
+            for mask_of in masks[:-1]:
+                ctx.table = _kept(ctx.table, mask_of(ctx))
+            return _kept_count(ctx.table, masks[-1](ctx))
         for mask_of in masks:
             ctx.table = _kept(ctx.table, mask_of(ctx))
         if projection is None:
@@ -145,6 +149,15 @@ def _kept(table: pa.Table, mask: Value) -> pa.Table:
     if not pa.types.is_boolean(mask.type):
         raise Unsupported("a filter that is not boolean")
     return table.filter(mask, null_selection_behavior="drop")
+
+
+def _kept_count(table: pa.Table, mask: Value) -> int:
+    """How many rows `_kept` would keep, without building them."""
+    if isinstance(mask, Scalar):
+        return table.num_rows if mask.value is True else 0
+    if not pa.types.is_boolean(mask.type):
+        raise Unsupported("a filter that is not boolean")
+    return int(mask.true_count)  # True and valid: null drops the row
 
 
 def _has_field(node: Any) -> bool:
