@@ -309,7 +309,9 @@ def test_metrics_expose_queue_and_latency_histograms(worker: str) -> None:
 
 
 def test_metrics_can_be_asked_for_by_name(worker: str) -> None:
-    wanted = [("name[]", "kairos_llm_requests_waiting"), ("name[]", "kairos_llm_requests_running")]
+    wanted = httpx.QueryParams(
+        [("name[]", "kairos_llm_requests_waiting"), ("name[]", "kairos_llm_requests_running")]
+    )
     text = httpx.get(worker + "/metrics", params=wanted).text
     samples = {line.split("{")[0] for line in text.splitlines() if not line.startswith("#")}
     assert samples == {"kairos_llm_requests_waiting", "kairos_llm_requests_running"}

@@ -73,9 +73,9 @@ def typed_events(
                 "event is recognised by it)",
                 field=info.primary,
             )
-        key = (clean[info.primary], clean[time_field]) if versions else clean[info.primary]
-        typed.pop(key, None)  # the later row wins, in its own position
-        typed[key] = clean
+        identity = (clean[info.primary], clean[time_field]) if versions else clean[info.primary]
+        typed.pop(identity, None)  # the later row wins, in its own position
+        typed[identity] = clean
     return list(typed.values())
 
 
