@@ -59,9 +59,12 @@ class Context:
         self.frame, self.table, self.slots, self.now = frame, table, slots, now
 
     def column(self, name: str) -> pa.Array:
-        if name not in self.table.column_names:
+        at = self.table.schema.get_field_index(name)  # -1 when absent (or twice)
+        if at < 0:
+            if name in self.table.column_names:
+                raise Unsupported(f"two columns named {name!r}")
             return pa.nulls(self.table.num_rows)  # the row engine's row.get(name)
-        column = self.table.column(name)
+        column = self.table.column(at)
         return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 

@@ -183,7 +183,9 @@ def _conform(array: pa.Array, vt: ValueType | None) -> pa.Array | None:
     target = ARROW_TYPES[vt.kind]
     kind = array.type
     try:
-        if kind == target or pa.types.is_null(kind):
+        if kind == target:
+            return array  # already typed: no cast call
+        if pa.types.is_null(kind):
             return array.cast(target)
         if vt.kind == "float" and (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
             return array.cast(target, safe=False)  # float(int) rounds the same way
