@@ -340,7 +340,14 @@ class _Run:
                     finished(node)
                 if ready or not running:
                     continue
-                done, _pending = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                if len(running) == 1:  # the usual case: awaited directly, no waiter set up
+                    (only,) = running
+                    await only
+                    done = {only}
+                else:
+                    done, _pending = await asyncio.wait(
+                        running, return_when=asyncio.FIRST_COMPLETED
+                    )
                 for task in sorted(done, key=lambda t: order[running[t].id]):
                     task.result()  # a bug in a node (not a failed resolver) fails the query
                     finished(running.pop(task))
