@@ -73,6 +73,7 @@ class SQLiteThread:
         self._inline: sqlite3.Connection | None = None
         self._inline_runs = 0
         self._checkpointing = False
+        self._restarting = False  # a restart checkpoint waits for the writer lock: writes queue
 
     def _open(self) -> sqlite3.Connection:
         return _retrying(self._connect)  # the schema's statements may meet a locked file too
@@ -99,7 +100,9 @@ class SQLiteThread:
         """Run `work(connection)` on the connection's thread; with `inline`, first try it on
         the event loop without waiting for locks (`work` must begin with BEGIN IMMEDIATE or
         only read, so a busy file fails it before it changed anything)."""
-        if inline and self._opened and self.path != ":memory:":
+        # while a restart checkpoint runs, writes queue behind it on the thread: on the loop,
+        # back-to-back commits could keep it from the lock until the WAL had grown without bound
+        if inline and self._opened and self.path != ":memory:" and not self._restarting:
             if self._inline is None:
                 self._inline = sqlite3.connect(
                     self.path, isolation_level=None, timeout=0, check_same_thread=False
@@ -129,7 +132,11 @@ class SQLiteThread:
         try:
             _, pages, _ = connection.execute("pragma wal_checkpoint(passive)").fetchone()
             if pages > WAL_PAGES:
-                connection.execute("pragma wal_checkpoint(restart)")
+                self._restarting = True
+                try:
+                    connection.execute("pragma wal_checkpoint(restart)")
+                finally:
+                    self._restarting = False
         except sqlite3.Error as error:  # no data is lost; the WAL grows until one succeeds
             logger.warning("checkpointing %s failed: %s", Path(self.path).name, error)
         finally:
