@@ -19,6 +19,7 @@ import yaml
 
 import kairos as kr
 from kairos import DataFrame, FeatureTime, Vector, _, features, online
+from kairos.cli import main
 from kairos.client import ray_engine
 from kairos.errors import InvalidInput
 from kairos.resolvers.llm import CompletionFailed
@@ -313,3 +314,48 @@ def test_a_corrected_document_with_an_unchanged_time_replaces_that_version(
         assert report.documents == 3  # p2 twice (its text changed), p3 once
         rows = found(client, Reader.pages, None)
     assert ("p2", INVOICE, T0 - DAY) in rows and all(title != BREAD for _, title, _ in rows)
+
+
+NOTES = """
+from datetime import datetime, timezone
+from typing import Literal
+
+import kairos as kr
+from kairos import DataFrame, FeatureTime, Vector, _, features, online
+
+
+@features(events=True)
+class Note:
+    id: str
+    text: str
+    written_at: FeatureTime
+    vector: Vector[Literal[2]]
+
+
+@features
+class Asker:
+    id: str
+    vector: Vector[Literal[2]]
+    notes: DataFrame[Note] = kr.nearest(Note.vector, query=_.vector, k=2)
+
+
+@online
+def note(nid: Note.id) -> kr.Features[Note.text, Note.written_at, Note.vector]:
+    at = datetime(2026, 4, 30, tzinfo=timezone.utc)
+    return f"note {nid}", at, [1.0, 0.0] if nid == "n1" else [0.0, 1.0]
+"""
+
+
+def test_kairos_materialize_says_how_many_document_versions_it_indexed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project = tmp_path / "notes"
+    project.mkdir()
+    (project / "features.py").write_text(NOTES)
+    span = ["--start", T0.isoformat(), "--end", (T0 + DAY).isoformat(), "--every", "1d"]
+    argv = ["materialize", "note.text", "--project", str(project), "--keys", "n1,n2", *span]
+    assert main(argv) == 0
+    assert "2 document versions into vector indexes, 0 errors" in capsys.readouterr().out
+    with kr.Client(project) as client:
+        result = client.query({"asker.id": "a", "asker.vector": [0.9, 0.1]}, ["asker.notes"])
+    assert [row["id"] for row in result.get_value("asker.notes")] == ["n1", "n2"]

@@ -125,8 +125,11 @@ def materialize(
             engine=engine,
             address=address,
         )
+    documents = (
+        f", {report.documents} document versions into vector indexes" if report.documents else ""
+    )
     print(
         f"backfilled {report.rows} rows: {report.values} values into the offline store, "
-        f"{report.online} into the online store, {report.errors} errors"
+        f"{report.online} into the online store{documents}, {report.errors} errors"
     )
     return 0
