@@ -38,13 +38,11 @@ to cores A and B. So one replica gets exactly one core and two get two; the benc
 import argparse
 import asyncio
 import contextlib
-import importlib
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +53,7 @@ import orjson
 from kairos.gateway.config import ProviderConfig
 from kairos.gateway.openai_compatible import OpenAICompatible
 from kairos.serving.deploy import DeploymentSpec
+from kairos.serving.llamacpp import extra_buffers, model_params
 from kairos.serving.supervisor import DeploymentGroup
 
 # ten words (prime to the three requests of a round): no two consecutive prompts share a start
@@ -115,27 +114,6 @@ def measured(call: Any, *args: Any) -> tuple[Any, float]:
 # -- the floor -------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _no_extra_buffers(llama_cpp: Any) -> Iterator[bool]:
-    """Plain `Llama()` defaults, except `use_extra_bufts=False` where the build uses AMX."""
-    if b"AMX_INT8 = 1" not in bytes(llama_cpp.llama_print_system_info()):
-        yield False
-        return
-    module: Any = importlib.import_module("llama_cpp.llama")
-    original = module.llama_cpp.llama_model_default_params
-
-    def params() -> Any:
-        value = original()
-        value.use_extra_bufts = False
-        return value
-
-    module.llama_cpp.llama_model_default_params = params
-    try:
-        yield True
-    finally:
-        module.llama_cpp.llama_model_default_params = original
-
-
 class Floor:
     """llama-cpp-python in this process, called the way a user streaming text would."""
 
@@ -143,7 +121,9 @@ class Floor:
         import llama_cpp
         from llama_cpp import llama_chat_format
 
-        with _no_extra_buffers(llama_cpp) as self.no_extra:
+        # the worker's own load settings (no extra buffers where the build uses AMX)
+        self.no_extra = not extra_buffers(llama_cpp)
+        with model_params(not self.no_extra):
             self.llama = llama_cpp.Llama(model_path=model, n_ctx=ctx, n_batch=min(512, ctx),
                                          n_threads=threads, n_threads_batch=threads,
                                          seed=0, verbose=False)  # fmt: skip

@@ -191,7 +191,7 @@ class LlamaCppEngine:
             kwargs["n_threads"] = self.config.n_threads
             kwargs["n_threads_batch"] = self.config.n_threads
         try:
-            with _model_params(_extra_buffers(llama_cpp, self.config.extra_buffers)):
+            with model_params(extra_buffers(llama_cpp, self.config.extra_buffers)):
                 llama = llama_cpp.Llama(**kwargs)
         except (ValueError, RuntimeError) as error:
             self.load_error = f"llama.cpp cannot load {str(path)!r}: {error}"
@@ -392,14 +392,16 @@ class LlamaCppEngine:
 _PARAMS_LOCK = threading.Lock()
 
 
-def _extra_buffers(llama_cpp: Any, wanted: bool | None) -> bool:
+def extra_buffers(llama_cpp: Any, wanted: bool | None = None) -> bool:
+    """Whether to load with llama.cpp's extra weight buffers: `wanted`, else on except where
+    the build uses AMX (its mat-mul crashes on Gemma 3's Q4_K weights)."""
     if wanted is not None:
         return wanted
     return b"AMX_INT8 = 1" not in bytes(llama_cpp.llama_print_system_info())
 
 
 @contextlib.contextmanager
-def _model_params(extra_buffers: bool) -> Iterator[None]:
+def model_params(extra_buffers: bool) -> Iterator[None]:
     """Load with `use_extra_bufts` set: `Llama()` has no argument for it, so its default-params
     function is wrapped for the duration of the load (under a lock: it is module state)."""
     module: Any = importlib.import_module("llama_cpp.llama")
