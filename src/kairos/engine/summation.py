@@ -61,6 +61,18 @@ def fsum(values: np.ndarray) -> float:
     return total if total != 0.0 else math.fsum(values.tolist())
 
 
+def _split(
+    chunk: np.ndarray, sigma: float, high: np.ndarray, rest: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each value as q + left exactly: q its part above ulp(sigma), in `high`'s and `rest`'s
+    first len(chunk) slots (no allocation per chunk)."""
+    q, left = high[: len(chunk)], rest[: len(chunk)]
+    np.add(chunk, sigma, out=q)
+    q -= sigma
+    np.subtract(chunk, q, out=left)
+    return q, left
+
+
 def _bounded(values: np.ndarray, sigma: float) -> float | None:
     """fsum's value from one extraction round and the rests' numpy sums with an error
     bound, or None when the bound leaves two candidate doubles."""
@@ -72,10 +84,7 @@ def _bounded(values: np.ndarray, sigma: float) -> float | None:
     rest = np.empty(_CHUNK)
     for begin in range(0, len(values), _CHUNK):
         chunk = values[begin : begin + _CHUNK]
-        q, left = high[: len(chunk)], rest[: len(chunk)]
-        np.add(chunk, sigma, out=q)
-        q -= sigma
-        np.subtract(chunk, q, out=left)
+        q, left = _split(chunk, sigma, high, rest)
         parts.append(float(q.sum()))  # exact: see the module's docstring
         parts.append(float(left.sum()))  # within `bound` of the rests' exact sum
         # |rest| <= ulp(sigma) / 2 = sigma u each; m additions in any order err by at most
@@ -92,10 +101,7 @@ def _extracted(values: np.ndarray, sigma: float) -> list[float] | None:
     rest = np.empty(_CHUNK)
     for begin in range(0, len(values), _CHUNK):
         chunk = values[begin : begin + _CHUNK]
-        q, left = high[: len(chunk)], rest[: len(chunk)]
-        np.add(chunk, sigma, out=q)
-        q -= sigma
-        np.subtract(chunk, q, out=left)
+        q, left = _split(chunk, sigma, high, rest)
         scale = sigma
         for _round in range(_ROUNDS):
             parts.append(float(q.sum()))  # exact: see the module's docstring
