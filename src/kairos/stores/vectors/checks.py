@@ -110,6 +110,16 @@ def time_of(microseconds: int) -> datetime:
     return _EPOCH + timedelta(microseconds=microseconds)
 
 
+def check_search(
+    query: VectorLike, k: int, as_of: datetime, where: Sequence[Condition], dimensions: int
+) -> tuple[Vector, int, tuple[Condition, ...]]:
+    """A search's arguments as every backend takes them: the unit query vector, `as_of` in
+    microseconds since the epoch, the checked conditions; bad ones refused naming them."""
+    check_k(k)
+    vector = unit_vector(query, dimensions=dimensions, what="search query")
+    return vector, check_time(as_of, what="search as_of"), check_conditions(where)
+
+
 def check_k(k: int) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise InvalidInput(f"k {k!r} is not a positive int; ask for k >= 1 hits", field="k")

@@ -37,12 +37,10 @@ from kairos.errors import InvalidInput, KairosError
 from kairos.stores.vectors.base import Condition, Document, Hit, VectorLike
 from kairos.stores.vectors.checks import (
     Vector,
-    check_conditions,
     check_document,
-    check_k,
+    check_search,
     check_time,
     time_of,
-    unit_vector,
     unit_vectors,
 )
 from kairos.stores.vectors.columns import Columns, Mask
@@ -269,10 +267,7 @@ class EmbeddedVectorIndex:
         where: Sequence[Condition] = (),
     ) -> list[Hit]:
         """The min(k, eligible) nearest versions valid as of `as_of` matching `where`."""
-        check_k(k)
-        vector = unit_vector(query, dimensions=self.dimensions, what="search query")
-        now = check_time(as_of, what="search as_of")
-        conditions = check_conditions(where)
+        vector, now, conditions = check_search(query, k, as_of, where, self.dimensions)
         return self.search_now(vector, k, now, conditions)
 
     def search_now(

@@ -57,11 +57,9 @@ from kairos.errors import BackendUnavailable, InvalidInput, KairosError
 from kairos.stores.vectors.base import Condition, Document, Hit, VectorLike
 from kairos.stores.vectors.checks import (
     Vector,
-    check_conditions,
     check_document,
-    check_k,
+    check_search,
     check_time,
-    unit_vector,
     unit_vectors,
 )
 
@@ -358,10 +356,7 @@ class PgVectorIndex:
         where: Sequence[Condition] = (),
     ) -> list[Hit]:
         """The min(k, matching) nearest versions valid as of `as_of` matching `where`."""
-        check_k(k)
-        vector = unit_vector(query, dimensions=self.dimensions, what="search query")
-        check_time(as_of, what="search as_of")
-        conditions = check_conditions(where)
+        vector, _, conditions = check_search(query, k, as_of, where, self.dimensions)
         from psycopg import sql
 
         filters, filter_params = _filters(conditions)
