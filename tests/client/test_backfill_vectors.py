@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import sqlite3
 import textwrap
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-import psycopg
 import pytest
 import yaml
 
@@ -23,6 +21,7 @@ from kairos.cli import main
 from kairos.client import ray_engine
 from kairos.errors import InvalidInput
 from kairos.resolvers.llm import CompletionFailed
+from tests.resolvers.test_nearest import vectors as vectors  # embedded or pgvector, a fixture
 from tests.stores.test_vectors import pg_url as pg_url  # pgvector, a fixture
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
@@ -66,19 +65,6 @@ class Reader:
 def page_content(pid: Page.id, now: kr.Now) -> kr.Features[Page.title, Page.lang, Page.edited_at]:
     edited_at, title, lang = [v for v in HISTORY[str(pid)] if v[0] <= now][-1]
     return title, lang, edited_at
-
-
-@pytest.fixture(params=["embedded", "pgvector"])
-def vectors(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """Where the client keeps its indexes: a folder, or a PostgreSQL with pgvector."""
-    if request.param == "embedded":
-        yield str(tmp_path / "vectors")
-        return
-    url: str = request.getfixturevalue("pg_url")
-    yield url
-    with psycopg.connect(url, autocommit=True) as connection:
-        for table in ("page.vector", "faq.vector"):
-            connection.execute(f'DROP TABLE IF EXISTS "{table}"')
 
 
 def pages_client(vectors: str, tmp_path: Path) -> kr.Client:

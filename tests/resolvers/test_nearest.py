@@ -82,7 +82,11 @@ def vectors(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     url: str = request.getfixturevalue("pg_url")
     yield url
     with psycopg.connect(url, autocommit=True) as connection:
-        for table in ("doc.embedding", "article.vector"):
+        # a client's indexes are tables named after the searched feature: "doc.embedding"
+        tables = connection.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE '%.%'"
+        ).fetchall()
+        for (table,) in tables:
             connection.execute(f'DROP TABLE IF EXISTS "{table}"')
 
 
