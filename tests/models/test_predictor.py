@@ -125,6 +125,23 @@ def test_the_workers_model_calls_use_the_configured_openmp_threads(threads: int)
     assert _openmp_threads() == caller_before  # OpenMP keeps it per thread: callers keep theirs
 
 
+def test_batch_scoring_runs_in_the_callers_thread_with_its_openmp_threads() -> None:
+    if not ThreadpoolController().select(user_api="openmp").info():
+        pytest.skip("no OpenMP runtime loaded")
+    seen: list[tuple[str, int]] = []
+
+    def infer(rows: np.ndarray) -> np.ndarray:
+        seen.append((threading.current_thread().name, _openmp_threads()))
+        return np.asarray(rows[:, 0])
+
+    predictor = Predictor(infer, SCHEMA, threads=1)
+    try:
+        predictor.score(np.ones((10, 2)), chunk=4)
+    finally:
+        predictor.close()
+    assert seen == [(threading.current_thread().name, _openmp_threads())] * 3
+
+
 def test_threads_none_leaves_the_process_pools_alone() -> None:
     if not ThreadpoolController().select(user_api="openmp").info():
         pytest.skip("no OpenMP runtime loaded")
