@@ -25,6 +25,7 @@ from kairos.client.events import (
     FollowingIndex,
     event_class,
     foreign_keys,
+    last_of_each,
     persist,
     stored_events,
     typed_events,
@@ -557,7 +558,7 @@ class Client:
             # carries its vector too)
             versions = typed_events(info, rows, versions=True)
             documents = self._sync(self.vectors.documents(info, versions))
-            typed = typed_events(info, versions)
+            typed = last_of_each(info, versions)  # already checked
         else:
             typed = typed_events(info, rows)
         self.windows.check(str(info.feature_time), typed)  # refused before anything is kept

@@ -46,7 +46,7 @@ def typed_events(
     on every event; a later row with the id of an earlier one in the batch replaces it (with
     `versions`, only a row with the same id *and* time does: each is a version of the id)."""
     namespace, time_field = info.namespace, info.feature_time
-    typed: dict[Any, dict[str, Any]] = {}
+    typed: list[dict[str, Any]] = []
     for index, row in enumerate(rows):
         clean: dict[str, Any] = {}
         for key, value in row.items():
@@ -73,10 +73,22 @@ def typed_events(
                 "event is recognised by it)",
                 field=info.primary,
             )
-        identity = (clean[info.primary], clean[time_field]) if versions else clean[info.primary]
-        typed.pop(identity, None)  # the later row wins, in its own position
-        typed[identity] = clean
-    return list(typed.values())
+        typed.append(clean)
+    return last_of_each(info, typed, versions=versions)
+
+
+def last_of_each(
+    info: ClassInfo, rows: Sequence[dict[str, Any]], *, versions: bool = False
+) -> list[dict[str, Any]]:
+    """Typed rows with only the last of each id (with `versions`, of each id and time), each
+    in the position of that last row."""
+    time_field = str(info.feature_time)
+    kept: dict[Any, dict[str, Any]] = {}
+    for row in rows:
+        identity = (row[info.primary], row[time_field]) if versions else row[info.primary]
+        kept.pop(identity, None)
+        kept[identity] = row
+    return list(kept.values())
 
 
 def foreign_keys(info: ClassInfo) -> list[str]:
