@@ -535,7 +535,7 @@ def test_pgvector_graph_options_come_from_the_url(pg_url: str) -> None:
             connection.execute(f'DROP TABLE IF EXISTS "{table}"')
     assert PgVectorIndex(pg_url, "t", 4, ef_search=30).ef_search == 30  # the argument wins
     default = PgVectorIndex(pg_url, "t", 4)
-    assert (default.m, default.ef_construction, default.ef_search) == (16, 128, 64)
+    assert (default.m, default.ef_construction, default.ef_search) == (16, 200, 100)
     for options, message in (
         ("ef_search=0", "ef_search 0 is not an int from 1 to 1000"),
         ("m=big", "m 'big' is not an int from 2 to 100"),

@@ -5,7 +5,7 @@
 - a folder path (`.kairos/vectors`) or `file://` + path (`file:///srv/vectors` is absolute):
   the embedded index (embedded.py), kept in `<folder>/<name>/`;
 - `postgresql://...` (or `postgres://`): pgvector (pgvector.py), table `<name>`; kairos'
-  options `?m=16&ef_construction=128&ef_search=64` set its HNSW graph (the rest go to libpq).
+  options `?m=16&ef_construction=200&ef_search=100` set its HNSW graph (the rest go to libpq).
 
 >>> index = open_vector_index(".kairos/vectors", "docs", dimensions=384)
 >>> index = open_vector_index("postgresql://app@db/bank", "docs", dimensions=384)
