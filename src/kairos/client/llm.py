@@ -20,6 +20,8 @@ from collections.abc import AsyncIterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from kairos.errors import KairosError
 from kairos.gateway import Gateway, GatewayConfig
 from kairos.llm.embeddings import LOCAL_MINILM, LocalEmbedder
@@ -70,6 +72,18 @@ class GatewayCompleter:
                     )
                 self._gateway = Gateway(GatewayConfig.load(self._base_dir))
             return self._gateway
+
+    def configured_gateway(self) -> Gateway | None:
+        """The gateway, when one was given or the project's kairos.yaml has a `gateway:`
+        section (the dashboard's Gateway pages), else None; a broken section raises."""
+        if self._gateway is None:
+            path = None if self._base_dir is None else self._base_dir / "kairos.yaml"
+            if path is None or not path.exists():
+                return None
+            raw = yaml.safe_load(path.read_text()) or {}
+            if not (isinstance(raw, dict) and isinstance(raw.get("gateway"), dict)):
+                return None
+        return self.gateway()
 
     def key(self) -> str:
         if not self._key:

@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from kairos.client.client import QUERY_ID, Client
 from kairos.client.config import ServerConfig
@@ -36,6 +36,7 @@ from kairos.server.metrics import Metrics
 from kairos.server.models_routes import model_routes
 from kairos.server.openapi import openapi_document
 from kairos.server.replay_routes import replay_routes
+from kairos.ui import UI, Traffic, dashboard_routes
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -184,6 +185,7 @@ class Server:
             query_log_lost=lambda: client.log.store.lost,
             streams=lambda: [(c.name, c.stats) for c in self.consumers],
         )
+        self.traffic = Traffic()  # the last minutes, for the dashboard's Live page
 
     def authorized(self, request: Request) -> bool:
         if not self.keys:
@@ -217,9 +219,9 @@ class Server:
                 response = problem_response(
                     HTTPProblem(500, "internal_error", f"internal error ({type(error).__name__})")
                 )
-            self.metrics.observe_request(
-                endpoint, response.status_code, time.perf_counter() - started
-            )
+            seconds = time.perf_counter() - started
+            self.metrics.observe_request(endpoint, response.status_code, seconds)
+            self.traffic.observe_request(endpoint, response.status_code, seconds)
             return response
 
         return wrapped
@@ -228,9 +230,7 @@ class Server:
         body = await read_json(request)
         options = _options(body)
         result = await self.client.query_async(_inputs(body), _outputs(body), **options)
-        self.metrics.observe_query(
-            result.trace, result.meta.cache_hits, result.meta.computed, result.meta.llm
-        )
+        self.observe_query(result)
         return json_response(result.to_dict())
 
     async def query_bulk(self, request: Request) -> Response:
@@ -245,10 +245,13 @@ class Server:
                 "inputs",
             )
         result = await self.client.query_bulk_async(inputs, _outputs(body), **options)
-        self.metrics.observe_query(
-            result.trace, result.meta.cache_hits, result.meta.computed, result.meta.llm
-        )
+        self.observe_query(result)
         return json_response(result.to_dict())
+
+    def observe_query(self, result: Any) -> None:
+        meta = result.meta
+        self.metrics.observe_query(result.trace, meta.cache_hits, meta.computed, meta.llm)
+        self.traffic.observe_query(meta.cache_hits, meta.computed)
 
     async def query_plan(self, request: Request) -> Response:
         body = await read_json(request)
@@ -347,6 +350,18 @@ class Server:
         records = await asyncio.to_thread(self.client.log.store.search, search)
         return json_response({"records": [record.to_dict() for record in records]})
 
+    def ui(self) -> UI:
+        """The dashboard over this server's client, keys, traffic and streams."""
+        gateway = self.client.llm.configured_gateway()
+        return UI(
+            self.client,
+            keys=[k.decode() for k in self.keys],
+            gateway=gateway,
+            admin_key=gateway.config.admin_key if gateway is not None else "",
+            traffic=self.traffic,
+            streams=lambda: [(c.name, c.stats) for c in self.consumers],
+        )
+
     async def healthz(self, request: Request) -> Response:
         return json_response({"status": "ok"})
 
@@ -391,6 +406,7 @@ def create_app(
         Route("/openapi.json", r("openapi", server.openapi, public=True), methods=["GET"]),
         *model_routes(client, r),
         *replay_routes(client, r),
+        Mount("/ui", routes=dashboard_routes(server.ui())),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
