@@ -2,6 +2,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
+# the dashboard's browser tests drive Debian's chromium (Playwright never downloads one here)
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: install demo test check lint format bench clean
 
@@ -19,8 +21,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m examples.fraud.demo
 
-## make test: install dev dependencies, then run the whole suite
-test: $(STAMP)
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
+	command -v apt-get >/dev/null && $$SUDO apt-get update -qq && \
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null || \
+	echo "make test: could not install chromium (apt-get install chromium as root); the browser tests will skip"
+
+## make test: install dev dependencies (and chromium for the browser tests), then run the whole suite
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest
 
 ## make check: lint, format check, type check and the import contracts (pyproject.toml)

@@ -203,6 +203,12 @@ def main() -> None:
             f"\nGET /metrics: {requests:.0f} requests, cache hit ratio "
             f"{hits / max(hits + misses, 1):.2f} ({hits:.0f} hits, {misses:.0f} computed)"
         )
+        page = server.call("GET", f"/ui/decisions/{query_id}").decode()
+        shown = sum(f">{name}<" in page for name in OUTPUTS)
+        print(
+            f"GET /ui/decisions/{query_id[:8]}...: the dashboard's page for that decision, "
+            f"{len(page):,} bytes of HTML showing {shown} of its {len(OUTPUTS)} outputs"
+        )
     finally:
         output = server.stop()
     last = output.strip().splitlines()[-1] if output.strip() else "no output"
@@ -228,6 +234,11 @@ def main() -> None:
     )
 
     llm_demo.main("u0001")  # one question asked of the local LLM two ways
+
+    print(
+        "\nThe dashboard (features and lineage, decisions and traces, models, live freshness):"
+        "\n  kairos serve examples/fraud   then open http://127.0.0.1:8000/ui"
+    )
 
 
 def _metric(text: str, name: str) -> float:

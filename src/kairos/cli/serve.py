@@ -71,7 +71,8 @@ def _announce(project: str, settings: ServerConfig, workers: int) -> None:
     processes = f", {workers} worker processes" if workers > 1 else ""
     auth = "bearer keys required" if settings.keys else "no auth, localhost only"
     print(
-        f"kairos serving {project} on http://{settings.host}:{settings.port} ({auth}{processes})",
+        f"kairos serving {project} on http://{settings.host}:{settings.port} ({auth}{processes}); "
+        f"dashboard at http://{settings.host}:{settings.port}/ui",
         flush=True,
     )
 

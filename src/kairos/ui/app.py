@@ -47,7 +47,7 @@ HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # same-origin POSTs keep their Origin header
     "Cache-Control": "no-store",
 }
 KEY_COOKIE, ADMIN_COOKIE, CSRF_COOKIE = "kairos_key", "kairos_admin", "kairos_csrf"

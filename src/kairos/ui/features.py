@@ -112,13 +112,20 @@ def _row(client: Client, info: FeatureInfo) -> FeatureRow:
     )  # fmt: skip
     if info.is_primary:
         return _with(row, "the query's input", "input")
-    plan, problem = _plan(client, row)
-    if plan is None:
-        return _with(row, problem or "", "other")
+    plan, _ = _plan(client, row)
+    if plan is None:  # a child's column: made with the rows of the relation that holds it
+        holder = next(
+            (f for cls in client.graph.classes.values() for f in cls.features.values()
+             if f.kind == "has_many" and f.target == info.namespace),
+            None,
+        )  # fmt: skip
+        if holder is None:
+            return _with(row, "nothing computes it online", "other")
+        return _with(row, f"rows of {holder.fqn}", "other")
     node = next((n for n in plan.nodes if n.id == plan.producer.get(info.fqn)), None)
     if node is None:
         return _with(row, "an input", "input")
-    return _with(row, f"{node.kind}: {node.label}", node_kind(node))
+    return _with(row, node.label, node_kind(node))
 
 
 def _with(row: FeatureRow, computed_by: str, kind: str) -> FeatureRow:

@@ -1,0 +1,153 @@
+"""The dashboard in a real browser (Debian's chromium, driven by Playwright) on the fraud
+example after a few queries: sign in, then every page, its content checked against what the
+server's JSON API and the query log say, each page saved as a screenshot.
+
+The example's LLM features go through an in-process gateway to a fake OpenAI-compatible
+provider (real HTTP, scripted answers), so decisions carry LLM calls and the Gateway pages have
+spend to show, without loading a model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Page, expect
+
+import kairos as kr
+from examples.fraud.generate import ANCHOR
+from kairos.client.config import ServerConfig
+from kairos.gateway import Gateway, GatewayConfig
+from kairos.server import create_app
+from tests.client.test_decision_records import Upstream
+from tests.gateway.fake_upstream import ServerThread
+from tests.server.fraud import OUTPUTS, copy_project
+from tests.ui.browser import Watch, chromium, shoot
+
+pytestmark = pytest.mark.slow
+
+KEY, ADMIN = "ui-test-key-0123456789", "ui-test-admin-0123456789"
+USERS = ["u0001", "u0002", "u0003", "u0004", "u0005"]
+VERDICT = "user.verdict_from_aggregates"
+
+
+@dataclass
+class Served:
+    url: str
+    http: httpx.Client  # the JSON API, with the key
+    client: kr.Client
+    llm_query: str  # the id of a decision that called the LLM
+
+
+def gateway_config(upstream: str, folder: Path) -> GatewayConfig:
+    return GatewayConfig.from_mapping(
+        {
+            "admin_key_env": "ADMIN",
+            "pepper_env": "PEPPER",
+            "registry": f"sqlite:///{folder / 'gateway.db'}",
+            "counters": f"sqlite:///{folder / 'gateway.db'}",
+            "providers": {"fake": {"kind": "openai", "base_url": f"{upstream}/v1"}},
+            "models": {"gemma": {"deployments": [{"provider": "fake", "model": "gemma-1"}]}},
+            "aliases": {"local/gemma-270m": "gemma"},
+            "prices": {"gemma-1": {"input": 3.0, "output": 15.0}},
+        },
+        base_dir=folder,
+        environ={"ADMIN": ADMIN, "PEPPER": "pepper"},
+    )
+
+
+@pytest.fixture(scope="module")
+def served(fraud_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    folder = tmp_path_factory.mktemp("ui-fraud")
+    project = copy_project(folder / "fraud")
+    fake = Upstream()
+    with ServerThread(fake.app()) as upstream:
+        gateway = Gateway(gateway_config(upstream.url, folder))
+        llm_key, _ = asyncio.run(gateway.create_key(name="fraud-features", models=["gemma"]))
+        client = kr.Client(
+            project, query_log=f"sqlite:///{folder / 'log.db'}", gateway=gateway, llm_key=llm_key
+        )
+        app = create_app(client, ServerConfig(keys=(KEY,)))
+        with (
+            ServerThread(app) as server,
+            httpx.Client(
+                base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30
+            ) as http,
+        ):
+            now = ANCHOR.isoformat()
+            for uid in [*USERS, USERS[0]]:  # the repeat is served from the cache
+                body = {"inputs": {"user.id": uid}, "outputs": OUTPUTS, "now": now}
+                assert http.post("/v1/query/online", json=body).status_code == 200
+            asked = http.post(
+                "/v1/query/online",
+                json={"inputs": {"user.id": USERS[1]}, "outputs": [VERDICT], "now": now},
+            )
+            assert asked.status_code == 200, asked.text
+            client.log.flush()
+            yield Served(server.url, http, client, asked.json()["query_id"])
+            server.call(client.aclose())  # on the loop its connections were made on
+
+
+@pytest.fixture(scope="module")
+def page(served: Served) -> Iterator[tuple[Page, Watch]]:
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1360, "height": 900})
+        tab = context.new_page()
+        watch = Watch()
+        watch.attach(tab)
+        yield tab, watch
+        context.close()
+
+
+def sign_in(page: Page, url: str, key: str) -> None:
+    page.fill("#key", key)
+    page.click("button[type=submit]")
+    page.wait_for_load_state()
+
+
+def test_signing_in_puts_the_key_in_an_httponly_strict_cookie(
+    served: Served, page: tuple[Page, Watch]
+) -> None:
+    tab, watch = page
+    tab.goto(f"{served.url}/ui/")
+    expect(tab.locator("h1")).to_have_text("Sign in")
+    sign_in(tab, served.url, "not-the-key")
+    expect(tab.locator(".error")).to_contain_text("not one of this server's")
+    sign_in(tab, served.url, KEY)
+    expect(tab.locator("h1")).to_have_text("Features")
+    (cookie,) = [c for c in tab.context.cookies() if c["name"] == "kairos_key"]
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
+    assert not watch.dialogs and not watch.csp_violations, watch.console
+
+
+def test_features_list_every_feature_with_what_computes_it(
+    served: Served, page: tuple[Page, Watch]
+) -> None:
+    tab, watch = page
+    tab.goto(f"{served.url}/ui/features")
+    graph = served.client.graph
+    for namespace, cls in graph.classes.items():
+        rows = tab.locator(f"#class-{namespace} + table tbody tr")
+        expect(rows).to_have_count(len(cls.features))
+    risk = tab.locator("tr", has=tab.locator("a", has_text="risk")).filter(has_text="model")
+    expect(risk.first).to_contain_text("risk")
+    expect(tab.locator("tr", has_text="max_staleness").first).to_be_visible()
+    shoot(tab, "01-features")
+    tab.click("text=account_age_days")
+    expect(tab.locator("h1")).to_have_text("user.account_age_days")
+    tab.goto(f"{served.url}/ui/features/user.risk")
+    kinds = {box.get_attribute("data-kind") for box in tab.locator("svg.lineage g.node").all()}
+    assert {"model", "sql", "expression", "input"} <= kinds, kinds
+    expect(tab.locator("svg.lineage g.node.target")).to_have_count(1)
+    expect(tab.locator("svg.lineage g.node.target")).to_contain_text("model")
+    assert tab.locator("svg.lineage path.edge").count() >= len(kinds) - 1
+    shoot(tab, "02-feature-lineage")
+    assert not watch.dialogs and not watch.csp_violations, watch.console
+
+
+def _values_of(record: dict[str, Any]) -> dict[str, Any]:
+    return {name: value["value"] for name, value in record["values"].items()}
