@@ -36,15 +36,17 @@ def bars(
     row: float = 22,
     left: float = 220,
     kinds: Sequence[str] | None = None,
+    right: float = 10,
 ) -> Bars:
-    """Horizontal bars, one per (label, value, text), scaled to the largest value (or limit).
+    """Horizontal bars, one per (label, value, text), scaled to the largest value (or limit);
+    `right` is the room kept after the longest bar (for its text).
 
     >>> chart = bars([("a", 1.0, "1"), ("b", 2.0, "2")])
     >>> [round(b.width) for b in chart.bars]
     [240, 480]
     """
     top = max([v for _, v, _ in items if math.isfinite(v)] + [limit or 0.0, 1e-12])
-    span = WIDTH - left - 10
+    span = WIDTH - left - right
     drawn = tuple(
         Bar(label, value, text, i * row, max(0.0, value / top * span * 0.98) if value else 0.0,
             kinds[i] if kinds else "bar")
