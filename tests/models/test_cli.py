@@ -1,6 +1,7 @@
 """`kairos models ...` on a project folder: register an artifact file, move and roll back an
 alias, predict, score a Parquet file; errors are one line, not a traceback."""
 
+import getpass
 import json
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def test_models_cli_round_trip(project: Path, capsys: pytest.CaptureFixture[str]
     assert main(["models", "history", "price", *p]) == 0
     history = capsys.readouterr().out
     assert "rollback  prod: v2 -> v1" in history
+    assert f"v1 -> v2  by {getpass.getuser()}" in history  # the OS user who moved it
     data = project / "in.parquet"
     pq.write_table(pa.table({"a": [1.0, 2.0], "b": [0.0, 0.0]}), data)
     out_file = project / "out.parquet"

@@ -8,7 +8,8 @@ import pytest
 from sklearn.linear_model import LinearRegression
 
 import kairos as kr
-from kairos.models import ModelStore, UnknownModel
+from kairos.models import ModelStore, UnknownModel, model_registry_from_url
+from kairos.models.schema import ModelSchema
 
 
 def model(slope: float) -> LinearRegression:
@@ -83,3 +84,49 @@ def test_an_unreachable_registry_is_backend_unavailable() -> None:
     registry = model_registry_from_url("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2")
     with pytest.raises(BackendUnavailable, match="model registry"):
         registry.get("risk")
+
+
+def test_alias_history_keeps_who_moved_it(store: ModelStore) -> None:
+    store.register("risk", model(1.0), aliases=["prod"])
+    store.register("risk", model(2.0))
+    moved = store.set_alias("risk", "prod", 2, by="key:3f9a0c1d")
+    back = store.rollback("risk", "prod", by="dashboard")
+    assert (moved.changed_by, back.changed_by) == ("key:3f9a0c1d", "dashboard")
+    assert back.to_json()["changed_by"] == "dashboard"
+    history = store.registry.history("risk", "prod")
+    assert [(c.action, c.changed_by) for c in history] == [
+        ("set", None),  # the move registration made names no one
+        ("set", "key:3f9a0c1d"),
+        ("rollback", "dashboard"),
+    ]
+    with pytest.raises(kr.InvalidInput, match="must be who moved the alias") as error:
+        store.set_alias("risk", "prod", 1, by="")
+    assert error.value.field == "by"
+
+
+OLD_HISTORY = """create table kairos_model_alias_history (
+    name text not null, alias text not null, seq integer not null,
+    version integer not null, previous integer, action text not null,
+    undone integer not null default 0, changed_at text not null,
+    primary key (name, alias, seq))"""
+
+
+def test_a_registry_from_before_changed_by_gets_the_column(registry_url: str) -> None:
+    """A history table an older kairos made (no changed_by) gets the column when the registry
+    opens; its rows read as None and new moves keep who made them."""
+    old = model_registry_from_url(registry_url)
+    with old._tx() as cur:  # the tables as an older kairos left them, one move recorded
+        cur.execute("drop table kairos_model_alias_history")
+        cur.execute(OLD_HISTORY)
+        cur.execute(
+            "insert into kairos_model_alias_history (name, alias, seq, version, previous, "
+            "action, undone, changed_at) values ('risk', 'prod', 1, 1, null, 'set', 0, ?)",
+            (datetime.now(UTC).isoformat(),),
+        )
+    old.close()
+    for _ in range(2):  # opening it again finds the column there
+        registry = model_registry_from_url(registry_url)
+        registry.add("risk", "0" * 64, "sklearn", "skops", 1, ModelSchema(("x",)), {}, {})
+        registry.set_alias("risk", "prod", 1, by="ops")
+        assert [c.changed_by for c in registry.history("risk")][:2] == [None, "ops"]
+        registry.close()

@@ -1,6 +1,7 @@
 """The model routes over the real ASGI app: list, versions, aliases, predict over JSON and
 Arrow, register an ONNX artifact, and 4xx bodies that name the schema or what exists."""
 
+import hashlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 
 import kairos as kr
-from kairos.client.config import Config
+from kairos.client.config import Config, ServerConfig
 from kairos.server import create_app
 from tests.server.fraud import error_of
 
@@ -144,10 +145,33 @@ async def test_aliases_move_and_roll_back_over_http(
         ("set", 2),
         ("rollback", 1),
     ]
+    # who moved it: this server has no keys, so `local` (registration's move names no one)
+    assert [h["changed_by"] for h in history] == [None, "local", "local"]
     bad = await http.put("/v1/models/score/aliases/prod", json={"version": "two"})
     assert error_of(bad, 422)["field"] == "version"
     detail = (await http.get("/v1/models/score")).json()
     assert [v["aliases"] for v in detail["versions"]] == [["prod"], []]
+
+
+@pytest.mark.anyio
+async def test_an_alias_move_records_a_digest_of_the_key_never_the_key(
+    client: kr.Client, data: tuple[np.ndarray, np.ndarray]
+) -> None:
+    x, y = data
+    client.models.register("score", LogisticRegression(C=0.001).fit(x, y), inputs=["a", "b"])
+    key = "server-key-for-the-alias-history"
+    app = create_app(client, ServerConfig(keys=(key,)))
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://test", headers=headers
+    ) as http:
+        moved = await http.put("/v1/models/score/aliases/prod", json={"version": 2})
+        back = await http.post("/v1/models/score/aliases/prod/rollback")
+        history = (await http.get("/v1/models/score/aliases")).json()["history"]
+    digest = "key:" + hashlib.sha256(key.encode()).hexdigest()[:8]
+    assert moved.json()["changed_by"] == back.json()["changed_by"] == digest
+    assert [h["changed_by"] for h in history] == [None, digest, digest]
+    assert key not in str(history)
 
 
 @pytest.mark.anyio

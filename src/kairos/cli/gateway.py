@@ -27,6 +27,8 @@ from kairos.gateway import Gateway, GatewayConfig
 from kairos.gateway.app import create_gateway_app
 from kairos.gateway.ledger import period_bound, summarize
 from kairos.http.server import serve
+from kairos.ui import UI
+from kairos.ui.gateway import with_dashboard
 
 T = TypeVar("T")
 
@@ -195,13 +197,18 @@ def _serve(args: argparse.Namespace) -> int:
         raise KairosError(
             f"refusing to serve on {host} without an admin key; set gateway.admin_key_env"
         )
-    app = create_gateway_app(Gateway(config), close_gateway=True)
+    gateway = Gateway(config)
+    app = with_dashboard(
+        create_gateway_app(gateway, close_gateway=True),
+        UI(gateway=gateway, admin_key=config.admin_key),
+    )
     gc.collect()
     gc.freeze()
 
     def started() -> None:
         models = len(config.models)
-        print(f"kairos gateway on http://{host}:{port} ({models} model groups)", flush=True)
+        print(f"kairos gateway on http://{host}:{port} ({models} model groups); its dashboard "
+              f"at http://{host}:{port}/ui (sign in with the admin key)", flush=True)  # fmt: skip
 
     serve(app, host, port, on_start=started)
     return 0

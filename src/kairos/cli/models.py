@@ -13,6 +13,7 @@ kairos models score risk --data features.parquet --output scores.parquet --alias
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import sys
 from pathlib import Path
@@ -139,7 +140,7 @@ def _register(args: argparse.Namespace) -> int:
 
 def _alias(args: argparse.Namespace) -> int:
     with Client(args.project) as client:
-        change = client.models.set_alias(args.name, args.alias, args.version)
+        change = client.models.set_alias(args.name, args.alias, args.version, by=_user())
     print(f"{args.name}: {change.alias} -> v{change.version} (was "
           f"{'-' if change.previous is None else f'v{change.previous}'})")  # fmt: skip
     return 0
@@ -147,7 +148,7 @@ def _alias(args: argparse.Namespace) -> int:
 
 def _rollback(args: argparse.Namespace) -> int:
     with Client(args.project) as client:
-        change = client.models.rollback(args.name, args.alias)
+        change = client.models.rollback(args.name, args.alias, by=_user())
     print(f"{args.name}: {change.alias} rolled back to v{change.version} (was v{change.previous})")
     return 0
 
@@ -156,9 +157,18 @@ def _history(args: argparse.Namespace) -> int:
     with Client(args.project) as client:
         for change in client.models.history(args.name):
             previous = "-" if change.previous is None else f"v{change.previous}"
+            by = f"  by {change.changed_by}" if change.changed_by else ""
             print(f"{change.changed_at.isoformat(timespec='seconds')}  {change.action:<8}  "
-                  f"{change.alias}: {previous} -> v{change.version}")  # fmt: skip
+                  f"{change.alias}: {previous} -> v{change.version}{by}")  # fmt: skip
     return 0
+
+
+def _user() -> str | None:
+    """The OS user moving an alias (kept in its history), or None when there is none."""
+    try:
+        return getpass.getuser() or None
+    except (OSError, KeyError):  # no login name and no passwd entry (some containers)
+        return None
 
 
 def _predict(args: argparse.Namespace) -> int:

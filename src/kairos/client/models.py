@@ -248,14 +248,20 @@ class Models:
         self.store.versions(name)
         return self.store.registry.history(name, alias)
 
-    def set_alias(self, name: str, alias: str, version: int) -> AliasChange:
-        change = self.store.set_alias(name, alias, version)
+    def set_alias(
+        self, name: str, alias: str, version: int, *, by: str | None = None
+    ) -> AliasChange:
+        """Point `alias` at `version`; `by` says who did (kept in the alias's history).
+
+        >>> client.models.set_alias("risk", "prod", 2, by="ops")  # doctest: +SKIP
+        """
+        change = self.store.set_alias(name, alias, version, by=by)
         self._rebind_if_used(name)
         return change
 
-    def rollback(self, name: str, alias: str) -> AliasChange:
-        """Point `alias` back where it was before its latest move."""
-        change = self.store.rollback(name, alias)
+    def rollback(self, name: str, alias: str, *, by: str | None = None) -> AliasChange:
+        """Point `alias` back where it was before its latest move; `by` says who did."""
+        change = self.store.rollback(name, alias, by=by)
         self._rebind_if_used(name)
         return change
 

@@ -1,9 +1,10 @@
 """Which models exist: numbered versions per name, aliases that move and roll back, and every
-alias change with its time. SQLite by default (`.kairos/models.db`), PostgreSQL by URL.
+alias change with its time and who made it. SQLite by default (`.kairos/models.db`),
+PostgreSQL by URL; a registry an older kairos made gets the columns it lacks when it opens.
 
     registry = model_registry_from_url("sqlite:///.kairos/models.db")
     v = registry.add("risk", sha, "sklearn", "skops", size, schema, {}, {})   # v.version == 1
-    registry.set_alias("risk", "prod", 1); registry.rollback("risk", "prod")
+    registry.set_alias("risk", "prod", 1, by="ops"); registry.rollback("risk", "prod")
 
 Every statement binds its values; names never reach SQL text.
 """
@@ -71,7 +72,9 @@ class ModelVersion:
 
 @dataclass(frozen=True)
 class AliasChange:
-    """One move of an alias: `set` or `rollback`, from `previous` to `version`."""
+    """One move of an alias: `set` or `rollback`, from `previous` to `version`, and who made
+    it (`changed_by`: e.g. `key:3f9a0c1d`, `dashboard`, an OS user; None when not told, as in
+    moves recorded before kairos kept it)."""
 
     name: str
     alias: str
@@ -79,6 +82,7 @@ class AliasChange:
     previous: int | None
     action: str
     changed_at: datetime
+    changed_by: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +91,7 @@ class AliasChange:
             "previous": self.previous,
             "action": self.action,
             "changed_at": self.changed_at.isoformat(),
+            "changed_by": self.changed_by,
         }
 
 
@@ -102,9 +107,12 @@ _SCHEMA = [
     """create table if not exists kairos_model_alias_history (
         name text not null, alias text not null, seq integer not null,
         version integer not null, previous integer, action text not null,
-        undone integer not null default 0, changed_at text not null,
+        undone integer not null default 0, changed_at text not null, changed_by text,
         primary key (name, alias, seq))""",
 ]
+# columns added after the first release: added to a table made by an older kairos when the
+# registry opens (rows written before read them as NULL)
+_ADDED = {"kairos_model_alias_history": {"changed_by": "text"}}
 _COLUMNS = "name, version, sha256, framework, format, size, schema, metadata, extra, created_at"
 
 
@@ -126,6 +134,22 @@ def check_alias(alias: Any) -> str:
             field="alias",
         )
     return alias
+
+
+def check_by(by: Any) -> str | None:
+    """Who moved an alias: None, or a label of 1-200 characters (never a secret: callers
+    pass `key:` and a digest's first hex digits, not a key).
+
+    >>> check_by("dashboard key:3f9a0c1d")
+    'dashboard key:3f9a0c1d'
+    """
+    if by is not None and (not isinstance(by, str) or not 1 <= len(by) <= 200):
+        raise InvalidInput(
+            f"by={by!r} must be who moved the alias: 1-200 characters (e.g. 'key:3f9a0c1d', "
+            "'dashboard', an OS user) or None",
+            field="by",
+        )
+    return by
 
 
 class ModelRegistry:
@@ -151,6 +175,7 @@ class ModelRegistry:
                     cursor = self._conn.cursor()
                     for statement in _SCHEMA:
                         cursor.execute(statement)
+                    self._add_columns(cursor)
                     self._conn.commit()
                 cursor = self._conn.cursor()
             except (sqlite3.Error, OSError) as error:
@@ -173,6 +198,32 @@ class ModelRegistry:
                 raise
             finally:
                 self._depth -= 1
+
+    def _add_columns(self, cursor: Any) -> None:
+        """Add the columns a registry made by an older kairos lacks (`_ADDED`). Of two
+        processes opening it at once, the one that finds the column added meanwhile goes on."""
+        postgresql = self._mark == "%s"
+        for table, columns in _ADDED.items():
+            if postgresql:
+                cursor.execute(
+                    "select column_name from information_schema.columns "
+                    "where table_schema = current_schema() and table_name = %s",
+                    (table,),
+                )
+                present = {row[0] for row in cursor.fetchall()}
+            else:
+                present = {row[1] for row in cursor.execute(f"pragma table_info({table})")}
+            for column, kind in columns.items():
+                if column in present:
+                    continue
+                if postgresql:
+                    cursor.execute(f"alter table {table} add column if not exists {column} {kind}")
+                    continue
+                try:
+                    cursor.execute(f"alter table {table} add column {column} {kind}")
+                except sqlite3.OperationalError as error:  # another process added it first
+                    if "duplicate column" not in str(error):
+                        raise
 
     def _reset_after(self, error: BaseException) -> None:
         """Roll back; a connection that failed is dropped and opened again on next use."""
@@ -307,14 +358,28 @@ class ModelRegistry:
 
     # --- aliases ------------------------------------------------------------------------
 
-    def set_alias(self, name: str, alias: str, version: int) -> AliasChange:
-        """Point `alias` at `version` (recorded, so it can be rolled back)."""
-        check_alias(alias)
-        self.get(name, version)  # the version must exist
-        return self._move(name, alias, int(version), "set")
+    def set_alias(
+        self, name: str, alias: str, version: int, *, by: str | None = None
+    ) -> AliasChange:
+        """Point `alias` at `version` (recorded with who did it, `by`, so it can be rolled
+        back and told apart).
 
-    def rollback(self, name: str, alias: str) -> AliasChange:
-        """Undo the alias's latest move that is not undone yet: it points where it did before."""
+        >>> registry.set_alias("risk", "prod", 2, by="key:3f9a0c1d").previous  # doctest: +SKIP
+        1
+        """
+        check_alias(alias)
+        check_by(by)
+        self.get(name, version)  # the version must exist
+        return self._move(name, alias, int(version), "set", by=by)
+
+    def rollback(self, name: str, alias: str, *, by: str | None = None) -> AliasChange:
+        """Undo the alias's latest move that is not undone yet: it points where it did before
+        (recorded with who did it, `by`).
+
+        >>> registry.rollback("risk", "prod", by="dashboard").action  # doctest: +SKIP
+        'rollback'
+        """
+        check_by(by)
         with self._tx() as cur:
             cur.execute(
                 "select seq, previous from kairos_model_alias_history where name = ? and "
@@ -328,10 +393,16 @@ class ModelRegistry:
                 f"alias {alias!r} of model {name!r} has no earlier version to roll back to",
                 field="alias",
             )
-        return self._move(name, alias, int(found[1]), "rollback", undo=int(found[0]))
+        return self._move(name, alias, int(found[1]), "rollback", undo=int(found[0]), by=by)
 
     def _move(
-        self, name: str, alias: str, version: int, action: str, undo: int | None = None
+        self,
+        name: str,
+        alias: str,
+        version: int,
+        action: str,
+        undo: int | None = None,
+        by: str | None = None,
     ) -> AliasChange:
         now = datetime.now(UTC)
         with self._tx() as cur:
@@ -363,8 +434,8 @@ class ModelRegistry:
             seq = int(cur.fetchone()[0]) + 1
             cur.execute(
                 "insert into kairos_model_alias_history (name, alias, seq, version, previous, "
-                "action, undone, changed_at) values (?, ?, ?, ?, ?, ?, 0, ?)",
-                (name, alias, seq, version, previous, action, now.isoformat()),
+                "action, undone, changed_at, changed_by) values (?, ?, ?, ?, ?, ?, 0, ?, ?)",
+                (name, alias, seq, version, previous, action, now.isoformat(), by),
             )
             if undo is not None:
                 cur.execute(
@@ -372,7 +443,7 @@ class ModelRegistry:
                     "where name = ? and alias = ? and seq = ?",
                     (name, alias, undo),
                 )
-        return AliasChange(name, alias, version, previous, action, now)
+        return AliasChange(name, alias, version, previous, action, now, by)
 
     def aliases(self, name: str) -> dict[str, int]:
         with self._tx() as cur:
@@ -385,7 +456,7 @@ class ModelRegistry:
     def history(self, name: str, alias: str | None = None) -> list[AliasChange]:
         """Every alias change of `name` (or of one alias), oldest first."""
         query = (
-            "select name, alias, version, previous, action, changed_at "
+            "select name, alias, version, previous, action, changed_at, changed_by "
             "from kairos_model_alias_history where name = ?"
         )
         params: tuple[Any, ...] = (name,)
@@ -403,6 +474,7 @@ class ModelRegistry:
                 None if r[3] is None else int(r[3]),
                 r[4],
                 datetime.fromisoformat(r[5]),
+                r[6],
             )
             for r in rows
         ]

@@ -111,11 +111,13 @@ class ModelStore:
     def names(self) -> list[str]:
         return self.registry.names()
 
-    def set_alias(self, name: str, alias: str, version: int) -> AliasChange:
-        return self.registry.set_alias(name, alias, version)
+    def set_alias(
+        self, name: str, alias: str, version: int, *, by: str | None = None
+    ) -> AliasChange:
+        return self.registry.set_alias(name, alias, version, by=by)
 
-    def rollback(self, name: str, alias: str) -> AliasChange:
-        return self.registry.rollback(name, alias)
+    def rollback(self, name: str, alias: str, *, by: str | None = None) -> AliasChange:
+        return self.registry.rollback(name, alias, by=by)
 
     def predictor(
         self, name: str, version: int | None = None, alias: str | None = None

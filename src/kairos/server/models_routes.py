@@ -16,6 +16,7 @@ model's schema are 422s naming the expected inputs.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -148,12 +149,14 @@ class ModelHandlers:
             raise HTTPProblem(
                 422, "invalid_body", 'send {"version": N} with a registered version', "version"
             )
-        change = await asyncio.to_thread(self.client.models.set_alias, name, alias, version)
+        change = await asyncio.to_thread(
+            self.client.models.set_alias, name, alias, version, by=_who(request)
+        )
         return json_response(change.to_json())
 
     async def _rollback(self, request: Request) -> Response:
         name, alias = request.path_params["name"], request.path_params["alias"]
-        change = await asyncio.to_thread(self.client.models.rollback, name, alias)
+        change = await asyncio.to_thread(self.client.models.rollback, name, alias, by=_who(request))
         return json_response(change.to_json())
 
     async def _register(self, request: Request) -> Response:
@@ -221,6 +224,15 @@ class ModelHandlers:
         return json_response(
             {"model": record.label, "version": record.version, "predictions": predictions.tolist()}
         )
+
+
+def _who(request: Request) -> str:
+    """Who moves an alias, for its history: `key:` and the first 8 hex digits of the bearer
+    key's sha256 (never the key), or `local` when the server has no keys (none is sent)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return "local"
+    return f"key:{hashlib.sha256(token.strip().encode()).hexdigest()[:8]}"
 
 
 UPLOADABLE = ("onnx", "skops", "xgboost-ubj", "xgboost-json", "lightgbm-text", "catboost-cbm")
