@@ -12,7 +12,6 @@ import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -23,6 +22,7 @@ from examples.fraud.generate import ANCHOR
 from kairos.client.config import ServerConfig
 from kairos.gateway import Gateway, GatewayConfig
 from kairos.server import create_app
+from kairos.ui.replays import value_text
 from tests.client.test_decision_records import Upstream
 from tests.gateway.fake_upstream import ServerThread
 from tests.server.fraud import OUTPUTS, copy_project
@@ -41,6 +41,7 @@ class Served:
     http: httpx.Client  # the JSON API, with the key
     client: kr.Client
     llm_query: str  # the id of a decision that called the LLM
+    server: ServerThread
 
 
 def gateway_config(upstream: str, folder: Path) -> GatewayConfig:
@@ -88,7 +89,7 @@ def served(fraud_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             )
             assert asked.status_code == 200, asked.text
             client.log.flush()
-            yield Served(server.url, http, client, asked.json()["query_id"])
+            yield Served(server.url, http, client, asked.json()["query_id"], server)
             server.call(client.aclose())  # on the loop its connections were made on
 
 
@@ -105,7 +106,7 @@ def page(served: Served) -> Iterator[tuple[Page, Watch]]:
 
 def sign_in(page: Page, url: str, key: str) -> None:
     page.fill("#key", key)
-    page.click("button[type=submit]")
+    page.click("main form button[type=submit]")
     page.wait_for_load_state()
 
 
@@ -149,5 +150,93 @@ def test_features_list_every_feature_with_what_computes_it(
     assert not watch.dialogs and not watch.csp_violations, watch.console
 
 
-def _values_of(record: dict[str, Any]) -> dict[str, Any]:
-    return {name: value["value"] for name, value in record["values"].items()}
+def test_a_decisions_page_shows_the_values_the_log_holds(
+    served: Served, page: tuple[Page, Watch]
+) -> None:
+    tab, watch = page
+    tab.goto(f"{served.url}/ui/decisions")
+    tab.fill("#entity-1", f"user.id:{USERS[0]}")
+    tab.click("main form.filters button[type=submit]")
+    logged = served.http.get("/v1/log", params={"entity": f"user.id:{USERS[0]}"}).json()
+    ids = [record["query_id"] for record in logged["records"]]
+    assert len(ids) == 2  # the first query and its cached repeat
+    expect(tab.locator("table.decisions tbody tr")).to_have_count(len(ids))
+    shoot(tab, "03-decisions")
+    tab.click(f"text={ids[-1]}")  # the older one: computed, not cached
+    expect(tab.locator("h1")).to_contain_text(ids[-1])
+    record = served.http.get(f"/v1/log/{ids[-1]}").json()
+    for name, value in record["values"].items():
+        row = tab.locator(f"[id='value-{name}']")
+        expect(row.locator("td.value")).to_have_text(value_text(value["value"]))
+        expect(row.locator("td").nth(2)).to_have_text(value["source"] or "–")
+    assert tab.locator("table.values tbody tr").count() == len(record["values"])
+    nodes = {step["label"] for step in record["trace"] if step.get("node") is not None}
+    chart = tab.locator("svg.chart").first
+    for label in nodes:
+        expect(chart).to_contain_text(label[:30])
+    shoot(tab, "04-decision")
+    tab.select_option("#recompute", "user.risk")
+    tab.click("main form button:has-text('Replay')")
+    expect(tab.locator("main")).to_contain_text("user.risk")
+    shoot(tab, "05-replay")
+    tab.goto(f"{served.url}/ui/decisions/{served.llm_query}")
+    llm = served.http.get(f"/v1/log/{served.llm_query}").json()["llm_calls"][0]
+    tokens = tab.locator("table.tokens tbody tr")
+    expect(tokens).to_have_count(len(llm["tokens_by_feature"]))
+    for feature, count in llm["tokens_by_feature"].items():
+        expect(tokens.filter(has_text=feature).first).to_contain_text(str(count))
+    stages = {"context_ms": "context assembly", "queue_ms": "queue", "ttft_ms": "TTFT",
+              "decode_ms": "decode"}  # fmt: skip
+    assert {"context_ms", "ttft_ms", "decode_ms"} <= set(llm)  # a provider reports no queue
+    for field, stage in stages.items():
+        if llm.get(field) is not None:
+            expect(tab.locator("svg.chart").last).to_contain_text(stage)
+    expect(tab.locator("pre.message").first).to_have_text(llm["messages"][0]["content"])
+    shoot(tab, "06-decision-llm")
+    assert not watch.dialogs and not watch.csp_violations, watch.console
+
+
+def test_models_show_versions_aliases_and_who_moved_them(
+    served: Served, page: tuple[Page, Watch]
+) -> None:
+    tab, watch = page
+    tab.goto(f"{served.url}/ui/models")
+    expect(tab.locator("table.models")).to_contain_text("risk")
+    tab.click("table.models >> text=risk")
+    registered = served.http.get("/v1/models/risk").json()
+    for version in registered["versions"]:
+        expect(tab.locator(f"#v{version['version']}")).to_contain_text(version["sha256"][:12])
+    expect(tab.locator("table.models-aliases")).to_contain_text("prod")
+    shoot(tab, "07-model")
+    assert not watch.dialogs and not watch.csp_violations, watch.console
+
+
+def test_live_shows_traffic_cache_and_freshness(served: Served, page: tuple[Page, Watch]) -> None:
+    tab, watch = page
+    tab.goto(f"{served.url}/ui/live")
+    expect(tab.locator("#endpoint-query_online")).to_be_visible()
+    online = tab.locator("#endpoint-query_online td").nth(1)
+    assert int(online.inner_text().replace(",", "")) >= len(USERS) + 2
+    expect(tab.locator("#cache-window")).not_to_have_text("–")
+    for name in ("user.risk", "user.txn_count[1d]"):
+        expect(tab.locator(f"table.live-freshness tr[data-feature='{name}']")).to_be_visible()
+    expect(tab.locator(f"table.live-cost tr[data-llm='{VERDICT}']")).to_be_visible()
+    shoot(tab, "08-live")
+    assert not watch.dialogs and not watch.csp_violations, watch.console
+
+
+def test_gateway_pages_need_the_admin_key_and_show_the_ledger(
+    served: Served, page: tuple[Page, Watch]
+) -> None:
+    tab, watch = page
+    tab.goto(f"{served.url}/ui/gateway")
+    expect(tab.locator("h1")).to_have_text("Sign in")  # the server key is not the admin key
+    sign_in(tab, served.url, ADMIN)
+    expect(tab.locator("h1")).to_contain_text("Gateway")
+    keys = served.server.call(served.client.llm.gateway().list_keys())
+    assert keys
+    for key in keys:
+        expect(tab.locator("main")).to_contain_text(key.name)
+    expect(tab.locator("#gw-requests")).to_have_text("1")
+    shoot(tab, "09-gateway")
+    assert not watch.dialogs and not watch.csp_violations, watch.console

@@ -118,7 +118,7 @@ def pages(served: Served) -> list[tuple[str, str]]:
 def sign_in(tab: Page, url: str, key: str) -> None:
     tab.goto(f"{url}/ui/login")
     tab.fill("#key", key)
-    tab.click("button[type=submit]")
+    tab.click("main form button[type=submit]")
     tab.wait_for_load_state()
 
 
