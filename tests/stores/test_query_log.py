@@ -7,6 +7,7 @@ One test body per behaviour runs over SQLite (a file under tmp_path) and Postgre
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import os
@@ -261,6 +262,23 @@ def test_recent_is_newest_first(backend: Backend) -> None:
     assert [r.query_id for r in log.recent(3)] == ["q4", "q3", "q2"]
     assert [r.query_id for r in log.recent()] == ["q4", "q3", "q2", "q1", "q0"]
     assert_same_record(log.recent(1)[0], make_record("q4", 4))
+
+
+def test_recent_without_nested_values_keeps_everything_else(backend: Backend) -> None:
+    log = backend.open()
+    rows = [{"id": "t1", "amount": 2.5, "ts": T0}, {"id": "t2", "amount": 1.0, "ts": T0}]
+    record = make_record("q-rows", 2)
+    seen = LoggedValue(rows, T0 - timedelta(seconds=30), "resolver:txns", "v3", None, None, 30.0)
+    record = dataclasses.replace(record, values={**record.values, "user.transactions": seen})
+    log.append(record)
+    (full,) = log.recent(1)
+    (light,) = log.recent(1, nested=False)
+    assert full.values["user.transactions"].value == rows
+    assert light.values["user.transactions"] == seen._replace(value=None)
+    assert {n: v for n, v in light.values.items() if n != "user.transactions"} == {
+        n: v for n, v in full.values.items() if n != "user.transactions"
+    }
+    assert (light.trace, light.inputs, light.now) == (full.trace, full.inputs, full.now)
 
 
 def test_appends_are_written_in_batches(backend: Backend) -> None:

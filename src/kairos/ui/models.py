@@ -10,6 +10,7 @@ which decisions the numbers cover."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import time
@@ -164,7 +165,9 @@ class ModelPages:
         """The stats of the newest `WINDOW` decisions, read again once `STATS_TTL` old."""
         async with self._reading:
             if self._window is None or time.monotonic() - self._window[0] > STATS_TTL:
-                records = await asyncio.to_thread(client.log.store.recent, WINDOW)
+                records = await asyncio.to_thread(
+                    functools.partial(client.log.store.recent, WINDOW, nested=False)
+                )
                 self._window = (time.monotonic(), window_stats(records))
             return self._window[1]
 

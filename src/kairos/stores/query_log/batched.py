@@ -254,10 +254,12 @@ class BatchedQueryLog:
                     found[row.query_id] = _decode_record(row)
         return found
 
-    def recent(self, limit: int = 20) -> list[LoggedQuery]:
+    def recent(self, limit: int = 20, *, nested: bool = True) -> list[LoggedQuery]:
         self._check_open()
         self.flush()
-        return [_decode_record(row) for row in self._backend.fetch_recent(limit)]
+        rows = self._backend.fetch_recent(limit)
+        with collector_paused(len(rows) >= 1000):
+            return [_decode_record(row, nested) for row in rows]
 
     def search(self, search: Search) -> list[LoggedQuery]:
         self._check_open()

@@ -352,10 +352,14 @@ def _plain(value: Any) -> bool:
 
 
 def _logged_values(
-    encoded: str, inputs: dict[str, Any] | None = None, now: datetime | None = None
+    encoded: str,
+    inputs: dict[str, Any] | None = None,
+    now: datetime | None = None,
+    nested: bool = True,
 ) -> dict[str, LoggedValue]:
     """The values of a record. They were written in a known layout (`_encode_values`), so
-    only each value and each `observed_at` is restored, not the whole tree."""
+    only each value and each `observed_at` is restored, not the whole tree; without `nested`,
+    a value that is a list or a mapping is not restored at all (None)."""
     try:
         tree = orjson.loads(encoded)
     except orjson.JSONDecodeError as error:
@@ -373,7 +377,7 @@ def _logged_values(
     for name, out in tree.items():
         value = out["value"]
         if type(value) is dict or type(value) is list:
-            value = restore(value)
+            value = restore(value) if nested else None
         observed = out["observed_at"]
         if type(observed) is dict and len(observed) == 1 and "$dt" in observed:
             text = observed["$dt"]
@@ -392,9 +396,9 @@ def _logged_values(
     return values
 
 
-def _decode_record(row: _Row) -> LoggedQuery:
+def _decode_record(row: _Row, nested: bool = True) -> LoggedQuery:
     try:
-        outputs = _logged_values(row.outputs)
+        outputs = _logged_values(row.outputs, nested=nested)
         calls = decode_text(row.calls)
         inputs = decode_text(row.inputs)
         return LoggedQuery(
@@ -405,7 +409,7 @@ def _decode_record(row: _Row) -> LoggedQuery:
             duration_ms=row.duration_ms,
             trace=decode_text(row.trace),
             logged_at=row.logged_at,
-            values={**_logged_values(row.values, inputs, row.now), **outputs},
+            values={**_logged_values(row.values, inputs, row.now, nested), **outputs},
             model_calls=calls.get("models", []),
             llm_calls=calls.get("llm", []),
             plan=row.plan,
