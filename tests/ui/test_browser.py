@@ -72,6 +72,8 @@ def served(fraud_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         client = kr.Client(
             project, query_log=f"sqlite:///{folder / 'log.db'}", gateway=gateway, llm_key=llm_key
         )
+        client.models.warm()  # as `kairos serve` does before its first query
+        client.llm.warm()
         app = create_app(client, ServerConfig(keys=(KEY,)))
         with (
             ServerThread(app) as server,

@@ -161,7 +161,12 @@ class UI:
         async def wrapped(request: Request) -> Response:
             started = time.perf_counter()
             allowed = self.admin(request) if admin else self.signed_in(request)
-            if not allowed:
+            if admin and self.gateway is None:
+                response = self.render(
+                    request, "error.html", status=404, title="Gateway",
+                    message="this server runs no gateway: its pages are on `kairos gateway serve`",
+                )  # fmt: skip
+            elif not allowed:
                 if admin and not self.admin_key:
                     response = self.render(
                         request, "error.html", status=403, title="Gateway",

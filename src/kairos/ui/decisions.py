@@ -298,6 +298,9 @@ class SpanRow:
     rows: str
 
 
+_STAGE_KINDS = {"context", "render", "llm", "queue", "ttft", "decode"}
+
+
 def spans(trace: Sequence[Mapping[str, Any]]) -> list[SpanRow]:
     """The trace's steps in start order, each LLM call's stages right after its node.
 
@@ -362,7 +365,20 @@ def _ms(value: Any) -> float | None:
 
 
 def trace_chart(rows: Sequence[SpanRow]) -> Waterfall | None:
-    return waterfall([(r.label, r.kind, r.start_ms, r.duration_ms) for r in rows]) if rows else None
+    """The waterfall of `rows`; an LLM call's stages, drawn right under its node, are named
+    by their stage alone (the table beside names the feature too).
+
+    >>> [s.label for s in trace_chart([SpanRow("u.v: TTFT", "ttft", 1, 2, "ok", "")]).spans]
+    ['↳ TTFT']
+    """
+    if not rows:
+        return None
+    return waterfall([(_chart_label(r), r.kind, r.start_ms, r.duration_ms) for r in rows])
+
+
+def _chart_label(row: SpanRow) -> str:
+    _, colon, stage = row.label.rpartition(": ")
+    return f"↳ {stage}" if colon and row.kind in _STAGE_KINDS else row.label
 
 
 @dataclass(frozen=True, slots=True)

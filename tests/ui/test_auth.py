@@ -1,0 +1,108 @@
+"""Signing in to the dashboard, its cookies, CSRF and the headers every page carries, over the
+real ASGI app of the fraud example."""
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+import kairos as kr
+from kairos.client.config import ServerConfig
+from kairos.server import create_app
+
+KEY = "auth-test-key-0123456789"
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def keyed(client: kr.Client) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(client, ServerConfig(keys=(KEY,)))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        yield http
+
+
+def csrf_of(http: httpx.AsyncClient) -> str:
+    return str(http.cookies["kairos_csrf"])
+
+
+async def sign_in(http: httpx.AsyncClient, key: str, **extra: str) -> httpx.Response:
+    await http.get("/ui/login")
+    form = {"csrf": csrf_of(http), "key": key, **extra}
+    return await http.post("/ui/login", data=form, headers={"origin": "http://test"})
+
+
+async def test_without_a_key_a_page_sends_you_to_sign_in(keyed: httpx.AsyncClient) -> None:
+    response = await keyed.get("/ui/features?q=risk")
+    assert response.status_code == 303
+    assert response.headers["location"] == "/ui/login?next=/ui/features?q=risk&admin=0"
+    login = await keyed.get(response.headers["location"])
+    assert login.status_code == 200 and 'name="key"' in login.text
+    assert 'value="/features?q=risk"' in login.text
+
+
+async def test_a_wrong_key_is_refused_and_the_right_one_sets_a_strict_cookie(
+    keyed: httpx.AsyncClient,
+) -> None:
+    wrong = await sign_in(keyed, "nope")
+    assert wrong.status_code == 401 and "not one of this server" in wrong.text
+    assert "nope" not in wrong.text  # a key given is never echoed
+    right = await sign_in(keyed, KEY, next="/features?q=risk")
+    assert right.status_code == 303 and right.headers["location"] == "/ui/features?q=risk"
+    cookie = right.headers["set-cookie"].lower()
+    assert cookie.startswith("kairos_key=")
+    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/ui" in cookie
+    page = await keyed.get("/ui/features")
+    assert page.status_code == 200 and "user.risk" in page.text
+    assert KEY not in page.text
+
+
+async def test_a_bearer_header_opens_the_pages_too(keyed: httpx.AsyncClient) -> None:
+    page = await keyed.get("/ui/features", headers={"authorization": f"Bearer {KEY}"})
+    assert page.status_code == 200
+
+
+@pytest.mark.parametrize("target", ["//evil.example/x", "https://evil.example", "/\\evil", "x"])
+async def test_signing_in_never_sends_you_to_another_site(
+    keyed: httpx.AsyncClient, target: str
+) -> None:
+    response = await sign_in(keyed, KEY, next=target)
+    assert response.status_code == 303 and response.headers["location"] == "/ui/"
+
+
+async def test_forms_need_the_csrf_token_and_this_origin(keyed: httpx.AsyncClient) -> None:
+    await sign_in(keyed, KEY)
+    token = csrf_of(keyed)
+    missing = await keyed.post("/ui/logout", data={})
+    assert missing.status_code == 403 and "CSRF" in missing.text
+    forged = await keyed.post("/ui/logout", data={"csrf": "x" * 43})
+    assert forged.status_code == 403
+    elsewhere = await keyed.post(
+        "/ui/logout", data={"csrf": token}, headers={"origin": "https://evil.example"}
+    )
+    assert elsewhere.status_code == 403 and "another site" in elsewhere.text
+    assert (await keyed.get("/ui/features")).status_code == 200  # still signed in
+    out = await keyed.post("/ui/logout", data={"csrf": token}, headers={"origin": "http://test"})
+    assert out.status_code == 303
+    assert "kairos_key" not in keyed.cookies
+    assert (await keyed.get("/ui/features")).status_code == 303
+
+
+async def test_a_server_key_does_not_open_the_gateway_pages(keyed: httpx.AsyncClient) -> None:
+    await sign_in(keyed, KEY)
+    gateway = await keyed.get("/ui/gateway")
+    assert gateway.status_code == 404  # this project runs no gateway: its pages are elsewhere
+    assert "kairos gateway serve" in gateway.text
+
+
+async def test_every_page_carries_the_security_headers(http: httpx.AsyncClient) -> None:
+    for path in ("/ui/features", "/ui/features/user.risk", "/ui/decisions", "/ui/models",
+                 "/ui/live", "/ui/login", "/ui/features/no.such", "/ui/static/kairos.css"):  # fmt: skip
+        response = await http.get(path)
+        headers = response.headers
+        assert headers["content-security-policy"].startswith("default-src 'none'"), path
+        assert headers["x-content-type-options"] == "nosniff", path
+        assert headers["x-frame-options"] == "DENY", path
+    missing = await http.get("/ui/features/no.such")
+    assert missing.status_code == 404 and "no feature &#39;no.such&#39;" in missing.text
+    assert "Traceback" not in missing.text
