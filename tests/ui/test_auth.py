@@ -96,8 +96,9 @@ async def test_a_server_key_does_not_open_the_gateway_pages(keyed: httpx.AsyncCl
 
 
 async def test_every_page_carries_the_security_headers(http: httpx.AsyncClient) -> None:
-    for path in ("/ui/features", "/ui/features/user.risk", "/ui/decisions", "/ui/models",
-                 "/ui/live", "/ui/login", "/ui/features/no.such", "/ui/static/kairos.css"):  # fmt: skip
+    paths = ["/ui/features", "/ui/features/user.risk", "/ui/decisions", "/ui/models", "/ui/live",
+             "/ui/login", "/ui/features/no.such", "/ui/static/kairos.css"]  # fmt: skip
+    for path in paths:
         response = await http.get(path)
         headers = response.headers
         assert headers["content-security-policy"].startswith("default-src 'none'"), path
