@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, sync_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [
@@ -52,8 +52,8 @@ class Watch:
     console: list[str] = field(default_factory=list)
 
     def attach(self, page: Page) -> None:
-        def dialog(d: object) -> None:
-            self.dialogs.append(getattr(d, "message", "?"))
+        def dialog(d: Dialog) -> None:
+            self.dialogs.append(d.message)
             d.dismiss()
 
         def console(message: ConsoleMessage) -> None:
