@@ -204,7 +204,7 @@ def main() -> None:
             f"{hits / max(hits + misses, 1):.2f} ({hits:.0f} hits, {misses:.0f} computed)"
         )
         page = server.call("GET", f"/ui/decisions/{query_id}").decode()
-        shown = sum(f">{name}<" in page for name in OUTPUTS)
+        shown = sum(f'id="value-{name}"' in page for name in OUTPUTS)
         print(
             f"GET /ui/decisions/{query_id[:8]}...: the dashboard's page for that decision, "
             f"{len(page):,} bytes of HTML showing {shown} of its {len(OUTPUTS)} outputs"
