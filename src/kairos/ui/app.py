@@ -174,9 +174,8 @@ class UI:
                         "kairos.yaml and restart, then sign in with it",
                     )  # fmt: skip
                 else:
-                    target = quote(request.url.path + _query(request), safe="/?=&")
                     response = RedirectResponse(
-                        f"{self.prefix}/login?next={target}&admin={int(admin)}", 303
+                        f"{self.prefix}/login?next={_return_to(request)}&admin={int(admin)}", 303
                     )
             else:
                 try:
@@ -228,9 +227,7 @@ class UI:
     async def form(self, request: Request) -> dict[str, str]:
         """A POSTed form's fields (one value each), refused without a matching CSRF token or
         from another origin."""
-        body = await request.body()
-        if len(body) > MAX_FORM:
-            raise UIError(f"form over {MAX_FORM} bytes", status=413)
+        body = await _body(request)
         fields = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
         origin = request.headers.get("origin")
         if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
@@ -308,8 +305,29 @@ def _bearer(request: Request) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
-def _query(request: Request) -> str:
-    return f"?{request.url.query}" if request.url.query else ""
+def _return_to(request: Request) -> str:
+    """The page a sign-in returns to, as the `next` parameter's value: the page's path and
+    its whole query (each `&` kept inside the value); a form's POST returns to the dashboard's
+    first page, since its URL is no page to GET."""
+    if request.method not in ("GET", "HEAD"):
+        return "/"
+    query = f"?{request.url.query}" if request.url.query else ""
+    return quote(request.url.path + query, safe="/?=")
+
+
+async def _body(request: Request) -> bytes:
+    """A form's body, refused (413) once past `MAX_FORM` bytes, before more is read: sign-in
+    and sign-out read it without a key."""
+    too_large = UIError(f"form over {MAX_FORM} bytes", status=413)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_FORM:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM:
+            raise too_large
+    return bytes(body)
 
 
 def _next(target: str | None) -> str:

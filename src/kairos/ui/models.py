@@ -209,7 +209,7 @@ class ModelPages:
         fields = await self.ui.form(request)
         alias = fields.get("alias", "").strip()
         text = fields.get("version", "").strip()
-        if not text.isdigit() or int(text) < 1:
+        if not (text.isascii() and text.isdigit() and len(text) <= 9 and int(text) >= 1):
             raise UIError(
                 f"version {text!r} must be a version number (1, 2, ...); pick one of the "
                 f"model's versions",
