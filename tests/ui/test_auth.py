@@ -18,7 +18,7 @@ pytestmark = pytest.mark.anyio
 async def keyed(client: kr.Client) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(client, ServerConfig(keys=(KEY,)))
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         yield http
 
 
@@ -29,7 +29,7 @@ def csrf_of(http: httpx.AsyncClient) -> str:
 async def sign_in(http: httpx.AsyncClient, key: str, **extra: str) -> httpx.Response:
     await http.get("/ui/login")
     form = {"csrf": csrf_of(http), "key": key, **extra}
-    return await http.post("/ui/login", data=form, headers={"origin": "http://test"})
+    return await http.post("/ui/login", data=form, headers={"origin": "http://localhost"})
 
 
 async def test_without_a_key_a_page_sends_you_to_sign_in(keyed: httpx.AsyncClient) -> None:
@@ -82,7 +82,9 @@ async def test_forms_need_the_csrf_token_and_this_origin(keyed: httpx.AsyncClien
     )
     assert elsewhere.status_code == 403 and "another site" in elsewhere.text
     assert (await keyed.get("/ui/features")).status_code == 200  # still signed in
-    out = await keyed.post("/ui/logout", data={"csrf": token}, headers={"origin": "http://test"})
+    out = await keyed.post(
+        "/ui/logout", data={"csrf": token}, headers={"origin": "http://localhost"}
+    )
     assert out.status_code == 303
     assert "kairos_key" not in keyed.cookies
     assert (await keyed.get("/ui/features")).status_code == 303
@@ -107,3 +109,14 @@ async def test_every_page_carries_the_security_headers(http: httpx.AsyncClient) 
     missing = await http.get("/ui/features/no.such")
     assert missing.status_code == 404 and "no feature &#39;no.such&#39;" in missing.text
     assert "Traceback" not in missing.text
+
+
+async def test_without_keys_only_requests_for_this_machine_are_answered(app: object) -> None:
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    for host, status in [("localhost", 200), ("127.0.0.1:8000", 200), ("[::1]:8000", 200),
+                         ("rebound.example", 403), ("127.0.0.1.nip.io", 403)]:  # fmt: skip
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{host}") as http:
+            page = await http.get("/ui/features")
+            assert page.status_code == status, host
+            if status == 403:
+                assert "only requests for localhost" in page.text and "user.risk" not in page.text

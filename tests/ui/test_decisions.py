@@ -123,7 +123,7 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
         client = kr.Client(definitions=definitions, config=config, gateway=gateway, llm_key=key)
         client.models.register("score", score_model((0.001, 0.01)), inputs=["c", "s"])
         # the app closes the client on its own loop, where the gateway's connections are
-        with TestClient(create_app(client, close_client=True)) as http:
+        with TestClient(create_app(client, close_client=True), base_url="http://localhost") as http:
             ids = {}
             for sid in SHOPPERS:
                 body = {"inputs": {"shopper.id": sid}, "outputs": OUTPUTS}

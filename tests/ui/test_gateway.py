@@ -98,7 +98,7 @@ def app_of(world: World, admin_key: str = ADMIN_KEY) -> Any:
 @pytest.fixture
 async def http(world: World) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=app_of(world))
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         login = await http.get("/ui/login?admin=1")
         signed = await http.post(
             "/ui/login",
@@ -261,7 +261,7 @@ async def test_a_key_selector_and_bad_input(http: httpx.AsyncClient, world: Worl
 
 async def test_non_admins_are_sent_to_the_login_form(world: World) -> None:
     transport = httpx.ASGITransport(app=app_of(world))
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         response = await http.get("/ui/gateway")
         assert response.status_code == 303
         assert response.headers["location"] == "/ui/login?next=/ui/gateway&admin=1"
@@ -277,7 +277,7 @@ async def test_non_admins_are_sent_to_the_login_form(world: World) -> None:
         assert revoke.status_code == 303 and "/ui/login" in revoke.headers["location"]
     assert world.keys["alice"][1].id in {k.id for k in await world.gateway.list_keys()}
     no_admin = httpx.ASGITransport(app=app_of(world, admin_key=""))
-    async with httpx.AsyncClient(transport=no_admin, base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=no_admin, base_url="http://localhost") as http:
         response = await http.get("/ui/gateway")
         assert response.status_code == 403 and "admin_key_env" in response.text
 
@@ -285,7 +285,7 @@ async def test_non_admins_are_sent_to_the_login_form(world: World) -> None:
 async def test_with_dashboard_routes_ui_and_passes_the_rest(world: World) -> None:
     app = app_of(world)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         assert (await http.get("/healthz")).json() == {"status": "ok"}  # the gateway's own
         listing = await http.get(
             "/v1/models", headers={"Authorization": f"Bearer {world.keys['bob'][0]}"}
@@ -353,7 +353,7 @@ async def test_kairos_serve_shows_the_page_of_the_projects_gateway(
         transport = httpx.ASGITransport(app=create_app(client))
         admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
         async with httpx.AsyncClient(
-            transport=transport, base_url="http://test", headers=admin
+            transport=transport, base_url="http://localhost", headers=admin
         ) as http:
             response = await http.get("/ui/gateway")
         await gateway.close()
@@ -379,7 +379,7 @@ async def test_the_page_reads_either_registry(
         transport = httpx.ASGITransport(app=with_dashboard(create_gateway_app(gateway), ui))
         admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
         async with httpx.AsyncClient(
-            transport=transport, base_url="http://test", headers=admin
+            transport=transport, base_url="http://localhost", headers=admin
         ) as http:
             page = (await http.get("/ui/gateway?since=1h")).text
     finally:

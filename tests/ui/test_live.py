@@ -179,7 +179,7 @@ async def test_streams_show_lag_and_dead_letters_with_secrets_redacted(
     ui = UI(client, streams=lambda: [("payments", stats)])
     app = Starlette(routes=[Mount("/ui", routes=dashboard_routes(ui))])
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://test"
+        transport=httpx.ASGITransport(app=app), base_url="http://localhost"
     ) as http:
         page = await live(http)
     row = cells(page, '<td class="mono">payments</td>')

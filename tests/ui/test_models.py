@@ -47,7 +47,7 @@ def client(tmp_path: Path) -> Iterator[kr.Client]:
 
 async def served(client: kr.Client, keys: tuple[str, ...] = ()) -> httpx.AsyncClient:
     app = create_app(client, ServerConfig(keys=keys))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
 
 
 @pytest.fixture

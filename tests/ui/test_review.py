@@ -36,7 +36,7 @@ def client(tmp_path: Path) -> Iterator[kr.Client]:
 async def keyed(client: kr.Client) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(client, ServerConfig(keys=(KEY,)))
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         yield http
 
 

@@ -17,6 +17,7 @@ when the browser sends one, an Origin of this host.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import math
 import secrets
 import time
@@ -141,18 +142,38 @@ class UI:
     # --- auth ------------------------------------------------------------------------------
 
     def signed_in(self, request: Request) -> bool:
-        """May this request see the project's pages?"""
+        """May this request see the project's pages? Without keys, a request for this
+        machine (see `page`); with them, a cookie or a bearer header holding one."""
         if not self._keys:
             return True
-        given = request.cookies.get(KEY_COOKIE) or _bearer(request)
-        return bool(given) and any(hmac.compare_digest(given.encode(), key) for key in self._keys)
+        return any(
+            hmac.compare_digest(given.encode(), key)
+            for given in (request.cookies.get(KEY_COOKIE), _bearer(request))
+            if given
+            for key in self._keys
+        )
 
     def admin(self, request: Request) -> bool:
         """May this request see the gateway's pages (the admin key)?"""
         if not self.admin_key:
             return False
-        given = request.cookies.get(ADMIN_COOKIE) or _bearer(request)
-        return bool(given) and hmac.compare_digest(given.encode(), self.admin_key.encode())
+        admin = self.admin_key.encode()
+        return any(
+            hmac.compare_digest(given.encode(), admin)
+            for given in (request.cookies.get(ADMIN_COOKIE), _bearer(request))
+            if given
+        )
+
+    def foreign(self, request: Request) -> Response | None:
+        """Without keys the dashboard is this machine's: a request naming another host (a
+        page of some site whose name was re-pointed at 127.0.0.1) is refused."""
+        if self._keys or is_loopback(request.url.hostname or ""):
+            return None
+        return self.render(
+            request, "error.html", status=403, title="Not this host",
+            message="without server.keys the dashboard answers only requests for localhost; "
+            "add server.keys to kairos.yaml to serve it under another name",
+        )  # fmt: skip
 
     def page(self, handler: Page, *, admin: bool = False) -> Page:
         """Wrap a page: auth (a redirect to the login form), errors shown as a page with a
@@ -161,7 +182,10 @@ class UI:
         async def wrapped(request: Request) -> Response:
             started = time.perf_counter()
             allowed = self.admin(request) if admin else self.signed_in(request)
-            if admin and self.gateway is None:
+            refused = None if admin else self.foreign(request)  # admin pages need their key
+            if refused is not None:
+                response = refused
+            elif admin and self.gateway is None:
                 response = self.render(
                     request, "error.html", status=404, title="Gateway",
                     message="this server runs no gateway: its pages are on `kairos gateway serve`",
@@ -298,6 +322,19 @@ class UI:
             media_type="text/css",
             headers={**HEADERS, "Cache-Control": "public, max-age=3600"},
         )
+
+
+def is_loopback(host: str) -> bool:
+    """
+    >>> is_loopback("localhost"), is_loopback("127.0.0.1"), is_loopback("::1"), is_loopback("a.b")
+    (True, True, True, False)
+    """
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _bearer(request: Request) -> str:

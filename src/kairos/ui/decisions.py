@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -21,8 +21,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from kairos.client.client import Client
+from kairos.client.decisions import MAX_LIMIT
 from kairos.errors import InvalidInput
-from kairos.stores.query_log import LoggedQuery, LoggedValue, Search
+from kairos.stores.query_log import LoggedQuery, LoggedValue, QueryLog, Search
 from kairos.ui import replays
 from kairos.ui.app import UI, UIError
 from kairos.ui.charts import Bars, Waterfall, bars, waterfall
@@ -107,6 +108,32 @@ def search_of(client: Client, filters: Filters) -> Search:
         )
     except InvalidInput as error:
         raise UIError(str(error), error.field) from None
+
+
+def page_of(store: QueryLog, search: Search, before: str) -> list[LoggedQuery]:
+    """A page of the search; with `before` (the last id the previous page showed, whose `now`
+    is `search.until`), the decisions at that same `now` with a smaller id come first, then
+    the older ones: many decisions share one `now` (a bulk query's rows), and an exclusive
+    `until` alone would skip those the previous page had no room for."""
+    if not before or search.until is None:
+        return store.search(search)
+    at, want = search.until, search.limit
+    ties = replace(search, since=max(search.since or at, at), until=at + _TICK)
+    fetch = want * 2
+    while True:
+        found_at = store.search(replace(ties, limit=fetch))
+        kept = [r for r in found_at if r.query_id < before]
+        if len(kept) >= want or len(found_at) < fetch or fetch >= MAX_LIMIT:
+            break
+        fetch = min(fetch * 4, MAX_LIMIT)
+    kept.sort(key=lambda r: r.query_id, reverse=True)  # the store's order: now, then id
+    page = kept[:want]
+    if len(page) < want:
+        page += store.search(replace(search, limit=want - len(page)))
+    return page
+
+
+_TICK = timedelta(microseconds=1)  # the log keeps times to the microsecond
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,10 +487,12 @@ class DecisionPages:
                 filters=filters, rows=[], older=None, error=str(error), field=error.field,
                 features=features, most=MAX_SEARCH, default=DEFAULT_SEARCH,
             )  # fmt: skip
-        records = await asyncio.to_thread(client.log.store.search, search)
+        before = request.query_params.get("before", "").strip()
+        records = await asyncio.to_thread(page_of, client.log.store, search, before)
         older = None
         if records and len(records) == search.limit:
-            older = filters.query(until=records[-1].now.isoformat())
+            last = records[-1]
+            older = filters.query(until=last.now.isoformat(), before=last.query_id)
         return self.ui.render(
             request, "decisions.html", title="Decisions", filters=filters,
             rows=[found(r) for r in records], older=older, error=None, features=features,
