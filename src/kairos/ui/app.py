@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 import math
 import secrets
 import time
@@ -39,6 +40,7 @@ from kairos.gateway import Gateway
 from kairos.ui.traffic import Traffic
 
 Page = Callable[[Request], Awaitable[Response]]
+logger = logging.getLogger(__name__)
 
 CSP = (
     "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
@@ -214,7 +216,8 @@ class UI:
                         request, "error.html", status=400, title="Error", message=str(error),
                         field=getattr(error, "field", None),
                     )  # fmt: skip
-                except Exception as error:  # never a stack trace to the browser
+                except Exception as error:  # never a stack trace to the browser: to the log
+                    logger.exception("dashboard page %s failed", request.url.path)
                     response = self.render(
                         request, "error.html", status=500, title="Error",
                         message=f"internal error ({type(error).__name__})",

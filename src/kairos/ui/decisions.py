@@ -275,7 +275,7 @@ def llm_call(call: Mapping[str, Any]) -> LLMCall:
     cost = call.get("cost_usd")
     facts.append(("cost", f"${cost:.6f}" if number(cost) else "not priced"))
     messages = tuple(
-        (str(m.get("role", "")), _content(m.get("content")))
+        (str(m.get("role", "")), value_text(_content(m.get("content")), MOST))
         for m in call.get("messages") or []
         if isinstance(m, Mapping)
     )
@@ -300,7 +300,8 @@ def llm_call(call: Mapping[str, Any]) -> LLMCall:
         else None
     )
     return LLMCall(
-        str(call.get("feature", "")), tuple(facts), messages, value_text(call.get("answer", "")),
+        str(call.get("feature", "")), tuple(facts), messages,
+        value_text(call.get("answer", ""), MOST),
         timings, tokens, chart,
     )  # fmt: skip
 
