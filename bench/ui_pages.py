@@ -314,7 +314,7 @@ async def measure(
     app = Timed(create_app(client))
     transport = httpx.ASGITransport(app=app)
     results = []
-    async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         baselines: dict[str, Timing] = {}
         for page, baseline in pages(client, query_id):
             if baseline not in baselines:
@@ -326,7 +326,7 @@ async def measure(
         ]
     )
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=busy), base_url="http://bench"
+        transport=httpx.ASGITransport(app=busy), base_url="http://localhost"
     ) as http:
         live = await timed(http, "/ui/live", repeat, server_timing)
     return results, live
