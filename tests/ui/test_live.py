@@ -117,7 +117,7 @@ async def test_a_cached_value_older_than_max_staleness_is_flagged(
 async def test_a_bad_decisions_count_is_a_clear_400(http: httpx.AsyncClient, value: str) -> None:
     response = await http.get("/ui/live", params={"decisions": value})
     assert response.status_code == 400
-    assert "must be a whole number from 1 to 5000" in html.unescape(response.text)
+    assert "must be a whole number from 1 to 2500" in html.unescape(response.text)
     assert "<code>decisions</code>" in response.text
     assert "Traceback" not in response.text
 
