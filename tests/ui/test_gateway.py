@@ -39,6 +39,7 @@ from tests.gateway.conftest import (
     upstream,
 )
 from tests.gateway.fake_upstream import FakeUpstream, free_port
+from tests.ui.cells import cells
 
 __all__ = ["_reset", "registry_url", "upstream"]  # the gateway tests' fixtures
 pytestmark = pytest.mark.anyio
@@ -112,16 +113,6 @@ def csrf_of(page: str) -> str:
     found = re.search(r'name="csrf" value="([^"]+)"', page)
     assert found, "the page has no CSRF field"
     return found.group(1)
-
-
-def cells(page: str, row: str) -> list[str]:
-    """The text of each cell of the first table row whose HTML contains `row`."""
-    found = next((r for r in re.findall(r"<tr[ >].*?</tr>", page, re.S) if row in r), None)
-    assert found, f"no row {row!r} on the page"
-    return [
-        html.unescape(re.sub(r"<[^>]+>", "", cell)).strip()
-        for cell in re.findall(r"<td[^>]*>(.*?)</td>", found, re.S)
-    ]
 
 
 def section(page: str, css: str) -> str:

@@ -19,18 +19,9 @@ from kairos.ui.app import UI
 from kairos.ui.dashboard import dashboard_routes
 from kairos.ui.traffic import Traffic, percentile
 from tests.server.fraud import online_body
+from tests.ui.cells import cells
 
 pytestmark = pytest.mark.anyio
-
-
-def cells(page: str, row: str) -> list[str]:
-    """The text of each cell of the first table row whose HTML contains `row`."""
-    found = next((r for r in re.findall(r"<tr[ >].*?</tr>", page, re.S) if row in r), None)
-    assert found, f"no row {row!r} on the page"
-    return [
-        html.unescape(re.sub(r"<[^>]+>", "", cell)).strip()
-        for cell in re.findall(r"<td[^>]*>(.*?)</td>", found, re.S)
-    ]
 
 
 def stat(page: str, name: str) -> str:

@@ -18,6 +18,7 @@ from kairos.server import create_app
 from kairos.ui.models import WINDOW, window_stats
 from kairos.ui.traffic import percentile
 from tests.models.test_model_features import Account, config, inputs, linear
+from tests.ui.cells import cells
 
 pytestmark = pytest.mark.anyio
 KEY = "server-key-for-the-models-page"
@@ -54,16 +55,6 @@ async def served(client: kr.Client, keys: tuple[str, ...] = ()) -> httpx.AsyncCl
 async def http(client: kr.Client) -> AsyncIterator[httpx.AsyncClient]:
     async with await served(client) as http:
         yield http
-
-
-def cells(page: str, row: str) -> list[str]:
-    """The text of each cell of the first table row whose HTML contains `row`."""
-    found = next((r for r in re.findall(r"<tr[ >].*?</tr>", page, re.S) if row in r), None)
-    assert found, f"no row {row!r} on the page"
-    return [
-        html.unescape(re.sub(r"<[^>]+>", "", cell)).strip()
-        for cell in re.findall(r"<td[^>]*>(.*?)</td>", found, re.S)
-    ]
 
 
 def csrf_of(page: str) -> str:
