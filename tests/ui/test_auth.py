@@ -120,3 +120,11 @@ async def test_without_keys_only_requests_for_this_machine_are_answered(app: obj
             assert page.status_code == status, host
             if status == 403:
                 assert "only requests for localhost" in page.text and "user.risk" not in page.text
+
+
+async def test_a_key_no_cookie_can_hold_is_refused_not_a_500(client: kr.Client) -> None:
+    app = create_app(client, ServerConfig(keys=("ключ-0123456789",)))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+        response = await sign_in(http, "ключ-0123456789")
+    assert response.status_code == 401 and "not one of this server" in response.text

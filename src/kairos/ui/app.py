@@ -295,11 +295,15 @@ class UI:
                                message=str(error), field=error.field)  # fmt: skip
         key = fields.get("key", "").strip()
         target = _next(fields.get("next"))
-        if self.admin_key and key and hmac.compare_digest(key.encode(), self.admin_key.encode()):
+        if not (key.isascii() and key.isprintable()):  # what a cookie (and a header) can hold
+            name = ""
+        elif self.admin_key and key and hmac.compare_digest(key.encode(), self.admin_key.encode()):
             name = ADMIN_COOKIE
         elif self._keys and key and any(hmac.compare_digest(key.encode(), k) for k in self._keys):
             name = KEY_COOKIE
         else:
+            name = ""
+        if not name:
             return self.render(
                 request, "login.html", status=401, title="Sign in", next=target,
                 admin=fields.get("admin") == "1", error="that key is not one of this server's",
