@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -102,3 +103,34 @@ def test_production_set_up_postgres_registry_and_redis_counters(
         drop_postgres(prefix)
         drop_redis(prefix)
     assert spent == 13 and [r.cost_micros for r in rows] == [13]
+
+
+def test_an_older_sqlite_ledger_gets_the_usage_index_the_dashboard_reads(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:  # a ledger as an older kairos made it
+        db.executescript(
+            "create table gateway_ledger (request_id text primary key, key_id text not null, "
+            "route text not null, model_requested text not null, model_dispatched text, "
+            "provider text, deployment text, tokens_in integer not null, tokens_out integer "
+            "not null, cost_micros integer not null, price_version text not null, ttft_ms real, "
+            "latency_ms real not null, status text not null, attempts integer not null, "
+            "created_at integer not null);"
+            "create index gateway_ledger_key_time on gateway_ledger (key_id, created_at);"
+        )
+    registry = registry_from_url(f"sqlite:///{path}")
+    asyncio.run(registry.list_keys())  # opening it upgrades the file
+    asyncio.run(registry.close())
+    with sqlite3.connect(path) as db:
+        indexes = {row[1] for row in db.execute("pragma index_list(gateway_ledger)")}
+        plan = " ".join(
+            str(row[3])
+            for row in db.execute(
+                "explain query plan select key_id, status, sum(cost_micros), sum(tokens_in), "
+                "sum(tokens_out), sum(attempts), max(ttft_ms), "
+                "coalesce(model_dispatched, model_requested) from gateway_ledger "
+                "where key_id = ? and created_at >= ? group by 1, 2",
+                ("k", 0),
+            )
+        )
+    assert "gateway_ledger_usage" in indexes and "gateway_ledger_key_time" not in indexes
+    assert "COVERING INDEX gateway_ledger_usage" in plan, plan

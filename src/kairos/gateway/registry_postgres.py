@@ -21,6 +21,7 @@ from kairos.gateway.registry import (
     KEY_COLUMNS,
     LEDGER_ADDED,
     LEDGER_COLUMNS,
+    USAGE_COLUMNS,
     id_range,
     key_from_row,
     key_to_row,
@@ -60,8 +61,9 @@ class PostgresRegistry:
             cost_micros bigint not null, price_version text not null, ttft_ms double precision,
             latency_ms double precision not null, status text not null, attempts integer not null,
             created_at bigint not null);
-        create index if not exists {self.ledger_table}_key_time
-            on {self.ledger_table} (key_id, created_at);
+        create index if not exists {self.ledger_table}_usage
+            on {self.ledger_table} (key_id, created_at) include ({USAGE_COLUMNS});
+        drop index if exists {self.ledger_table}_key_time;
         create table if not exists {self.processes_table} (
             id text primary key, attached_at bigint not null);
         """

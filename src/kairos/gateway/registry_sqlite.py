@@ -21,6 +21,7 @@ from kairos.gateway.registry import (
     KEY_COLUMNS,
     LEDGER_ADDED,
     LEDGER_COLUMNS,
+    USAGE_COLUMNS,
     id_range,
     key_from_row,
     key_to_row,
@@ -46,16 +47,21 @@ create table if not exists gateway_ledger (
     price_version text not null, ttft_ms real, latency_ms real not null, status text not null,
     attempts integer not null, created_at integer not null
 );
-create index if not exists gateway_ledger_key_time on gateway_ledger (key_id, created_at);
 """
 
 
-def _add_columns(connection: sqlite3.Connection) -> None:
-    """Add the ledger columns a file made by an older kairos lacks."""
+def _upgrade(connection: sqlite3.Connection) -> None:
+    """Add the ledger columns a file made by an older kairos lacks, and its index by key and
+    time holding the usage columns (in place of the older index by key and time alone)."""
     present = {row[1] for row in connection.execute("pragma table_info(gateway_ledger)")}
     for name, kind in LEDGER_ADDED.items():
         if name not in present:
             connection.execute(f"alter table gateway_ledger add column {name} {kind}")
+    connection.execute(
+        "create index if not exists gateway_ledger_usage on gateway_ledger "
+        f"(key_id, created_at, {USAGE_COLUMNS})"
+    )
+    connection.execute("drop index if exists gateway_ledger_key_time")
 
 
 class SQLiteRegistry:
@@ -63,7 +69,7 @@ class SQLiteRegistry:
         self._db = SQLiteThread(
             path,
             _SCHEMA,
-            _add_columns,
+            _upgrade,
             name="the gateway's SQLite store",
             unavailable=AccountingUnavailable,  # fail closed: a 503
             thread_name="kairos-gateway-db",

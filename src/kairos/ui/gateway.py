@@ -2,12 +2,13 @@
 their limits, errors, failovers and time to first token per model group, and the keys (their
 public fields, never a secret or a hash) with a revoke button.
 
-Everything is read from the ledger in SQL over one time range (`?since=24h`), through the
-ledger's (key_id, created_at) index and aggregated by the database, three statements at once:
-a page's time grows with the calls in the range, not with the ledger (about 200 ms for 100k
-calls on SQLite on two busy cores). TTFT percentiles come from the newest `TTFT_SAMPLE` calls
-of the range. The ledger is read on connections of its own (the SQLite file read-only, or
-PostgreSQL sessions), never the gateway's writer.
+Everything is read from the ledger in SQL over one time range (`?since=24h`), from the
+ledger's index by key and time that also holds the usage columns (the table itself is not
+read), aggregated by the database, two statements at once: a page's time grows with the calls
+in the range, not with the ledger (about 125 ms for 100k calls on SQLite, 340 ms for 300k).
+TTFT percentiles come from the newest `TTFT_SAMPLE` calls of the range. The ledger is read on
+connections of its own (the SQLite file read-only, or PostgreSQL sessions), never the
+gateway's writer.
 
 `with_dashboard(app, ui)` puts these pages in front of `kairos gateway serve`'s own app.
 """
@@ -206,23 +207,19 @@ async def summarize(
     """Per key and per model group totals over [since, until), and the spend and tokens of
     `key` (None: every key) in `BUCKETS` buckets.
 
-    Three statements (at once, on SQLite): per key and bucket (in the index's order, so the
-    database sorts nothing), per model group and status, and the newest TTFTs."""
+    Two statements (at once, on SQLite): one pass over the range's rows grouped by key,
+    bucket, model group and status (a few thousand groups, summed here into the per key and
+    per group totals: one scan of the rows instead of one per total), and the newest TTFTs."""
     start, end = _micros(since), _micros(until)
     width = max(1, (end - start) // BUCKETS)
     scope = "key_id in (select id from {keys}) and created_at >= ? and created_at < ?"
-    per_bucket, per_status, ttft = await reader.run(
+    grouped, ttft = await reader.run(
         (
-            "select key_id, (created_at - ?) / ?, count(*), sum(tokens_in), sum(tokens_out), "
-            f"sum(cost_micros), sum(case when status in {NOT_ERRORS!r} then 0 else 1 end) "
-            f"from {{ledger}} where {scope} group by key_id, 2",
+            "select key_id, (created_at - ?) / ?, coalesce(model_dispatched, model_requested), "
+            "status, count(*), sum(tokens_in), sum(tokens_out), sum(cost_micros), "
+            "sum(case when attempts > 1 then 1 else 0 end) "
+            f"from {{ledger}} where {scope} group by 1, 2, 3, 4",
             (start, width, start, end),
-        ),
-        (
-            "select coalesce(model_dispatched, model_requested), status, count(*), "
-            "sum(case when attempts > 1 then 1 else 0 end), sum(cost_micros), "
-            f"sum(tokens_in + tokens_out) from {{ledger}} where {scope} group by 1, 2",
-            (start, end),
         ),
         (
             "select coalesce(model_dispatched, model_requested), ttft_ms from {ledger} "
@@ -231,27 +228,29 @@ async def summarize(
         ),
     )
     keys: dict[str, KeyUsage] = {}
+    groups: dict[str, GroupStats] = {}
     spend, used = [0.0] * BUCKETS, [0.0] * BUCKETS
-    for ident, bucket, n, tokens_in, tokens_out, cost, errors in per_bucket:
+    for ident, bucket, model, status, n, tokens_in, tokens_out, cost, failovers in grouped:
+        n, cost = int(n), int(cost or 0)
+        tokens = int(tokens_in or 0) + int(tokens_out or 0)
+        failed = status not in NOT_ERRORS
         usage = keys.setdefault(str(ident), KeyUsage())
-        usage.requests += int(n)
+        usage.requests += n
         usage.tokens_in += int(tokens_in or 0)
         usage.tokens_out += int(tokens_out or 0)
-        usage.cost_micros += int(cost or 0)
-        usage.errors += int(errors or 0)
+        usage.cost_micros += cost
+        usage.errors += n if failed else 0
         if key is None or ident == key:
             index = min(BUCKETS - 1, max(0, int(bucket)))
-            spend[index] += int(cost or 0) / 1e6
-            used[index] += int(tokens_in or 0) + int(tokens_out or 0)
-    groups: dict[str, GroupStats] = {}
-    for model, status, n, failovers, cost, tokens in per_status:
+            spend[index] += cost / 1e6
+            used[index] += tokens
         group = groups.setdefault(str(model), GroupStats(str(model)))
-        group.calls += int(n)
-        group.statuses[str(status)] = int(n)
-        group.errors += 0 if status in NOT_ERRORS else int(n)
+        group.calls += n
+        group.statuses[str(status)] = group.statuses.get(str(status), 0) + n
+        group.errors += n if failed else 0
         group.failovers += int(failovers or 0)
-        group.cost_micros += int(cost or 0)
-        group.tokens += int(tokens or 0)
+        group.cost_micros += cost
+        group.tokens += tokens
     for model, value in ttft:
         groups.setdefault(str(model), GroupStats(str(model))).ttft.append(float(value))
     for group in groups.values():
