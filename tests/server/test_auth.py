@@ -157,3 +157,22 @@ async def test_readyz_hides_source_errors_from_callers_without_a_key(tmp_path: P
     assert anonymous.status_code == insider.status_code == 503
     assert anonymous.json()["sources"] == {"bank": "unavailable"}
     assert "fraud.db" in insider.json()["sources"]["bank"]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_kairos_serve_on_a_port_in_use_says_so_in_one_line(fraud_db: Path, workers: str) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        command = [sys.executable, "-m", "kairos.cli", "serve", str(PROJECT)]
+        done = subprocess.run(
+            [*command, "--port", str(port), "--workers", workers],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 1, done
+    assert done.stderr.strip().splitlines() == [
+        f"kairos: port {port} on 127.0.0.1 is in use; stop what holds it or serve on another "
+        "with --port"
+    ]
+    assert "kairos serving" not in done.stdout

@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from datetime import datetime
+from importlib import metadata
 from typing import Any
 
 from kairos.cli.consume import add_consume_command
@@ -45,6 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kairos", description="Real-time features and models.")
+    parser.add_argument(
+        "--version", action="version", version=f"kairos {metadata.version('kairos')}",
+        help="print the installed kairos's version and exit",
+    )  # fmt: skip
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     init_command = commands.add_parser("init", help="create a small working project")

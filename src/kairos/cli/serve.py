@@ -9,9 +9,11 @@ the events the others write.
 
 from __future__ import annotations
 
+import errno
 import gc
 import ipaddress
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -86,6 +88,10 @@ def serve(project: str, host: str | None, port: int | None, workers: int = 1) ->
         raise KairosError(f"--workers {workers} must be at least 1")
     if workers > 1:
         return _serve_workers(project, host, port, workers)
+    taken = port_taken(server_settings(Config.load(Path(project)).server, host, port))
+    if taken:  # before the client loads its models and opens its stores
+        print(f"kairos: {taken}", file=sys.stderr, flush=True)
+        return 1
     client = Client(project)
     try:
         settings = server_settings(client.config.server, host, port)
@@ -102,9 +108,38 @@ def serve(project: str, host: str | None, port: int | None, workers: int = 1) ->
     return 0
 
 
+def port_taken(settings: ServerConfig) -> str | None:
+    """Why `settings`' host and port cannot be listened on (one line naming the port and the
+    fix), or None when they can (the socket is closed again at once).
+
+    >>> port_taken(ServerConfig(host="127.0.0.1", port=0)) is None
+    True
+    """
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((settings.host, settings.port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return (
+                    f"port {settings.port} on {settings.host} is in use; stop what holds it or "
+                    "serve on another with --port"
+                )
+            return (
+                f"cannot listen on {settings.host}:{settings.port} ({error.strerror}); "
+                "pick another with --host or --port"
+            )
+    return None
+
+
 def _serve_workers(project: str, host: str | None, port: int | None, workers: int) -> int:
     folder = Path(project).resolve()
     settings = server_settings(Config.load(folder).server, host, port)
+    taken = port_taken(settings)
+    if taken:
+        print(f"kairos: {taken}", file=sys.stderr, flush=True)
+        return 1
     os.environ.update(
         {_PROJECT: str(folder), _HOST: settings.host, _PORT: str(settings.port)}
     )  # the workers' environment: they are spawned, not forked
