@@ -38,6 +38,17 @@ def test_a_folder_of_modules_loads_with_relative_imports(tmp_path: Path) -> None
         assert client.query({"thing.id": "abcd"}, ["thing.size"]).get_value("thing.size") == 4
 
 
+def test_hidden_and_private_folders_are_never_read(tmp_path: Path) -> None:
+    folder = write(tmp_path / "proj", {"features.py": FEATURES, "resolvers.py": RESOLVERS})
+    for hidden in (".kairos/offline.duckdb/.new-1", "_scratch", "__pycache__"):
+        write(folder / hidden, {"broken.py": "raise SystemExit('imported')", "q.sql": "nope"})
+    # a store's writer renames its folders while a client loads: a walk into .kairos/ could
+    # meet one that just vanished; the walk never enters it at all
+    (folder / ".kairos" / "offline.duckdb" / ".new-1").rename(folder / ".kairos" / "gone")
+    with kr.Client(folder) as client:
+        assert client.query({"thing.id": "ab"}, ["thing.size"]).get_value("thing.size") == 2
+
+
 def test_loading_does_not_run_scripts(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     script = f"if __name__ == '__main__':\n    open({str(marker)!r}, 'w').write('x')\n"

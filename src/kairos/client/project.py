@@ -8,9 +8,11 @@ relative imports (`from .features import User`). Keep scripts behind
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import importlib
 import importlib.util
+import os
 import re
 import sys
 import traceback
@@ -82,15 +84,19 @@ class Project:
 
 
 def _files(root: Path, pattern: str) -> list[Path]:
+    """The project's files matching `pattern`. Hidden, private and skipped folders are never
+    entered (`.kairos/` holds stores whose writers rename folders while a client loads: a walk
+    into it could meet a folder that just vanished), and a folder that vanishes is skipped."""
     files = []
-    for file in sorted(root.rglob(pattern)):
-        parts = file.relative_to(root).parts
-        if any(p.startswith((".", "_")) or p in _SKIP_DIRS for p in parts[:-1]):
-            continue
-        if file.name.startswith(("_", "test_")) or file.name.endswith("_test.py"):
-            continue
-        files.append(file)
-    return files
+    for folder, folders, names in os.walk(root):  # os.walk skips what it cannot list
+        folders[:] = [f for f in folders if not f.startswith((".", "_")) and f not in _SKIP_DIRS]
+        for name in names:
+            if not fnmatch.fnmatchcase(name, pattern):
+                continue
+            if name.startswith(("_", "test_")) or name.endswith("_test.py"):
+                continue
+            files.append(Path(folder) / name)
+    return sorted(files)
 
 
 def _module_files(root: Path) -> list[Path]:
