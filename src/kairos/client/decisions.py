@@ -9,6 +9,7 @@ Every method of the underlying `QueryLog` (append, flush, recent, close...) is h
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -193,6 +194,39 @@ def _served(record: LoggedQuery, name: str) -> Any:
 
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
+
+
+# `+00:00` sent unescaped in a URL (or typed into a form) arrives as ` 00:00`
+_SPACED_OFFSET = re.compile(r"(T[0-9:.]+) ([0-9]{2}:?[0-9]{2})$")
+
+
+def entity_keys(pairs: Iterable[str]) -> dict[str, str]:
+    """`FEATURE:KEY` texts (a URL's or a form's `entity=`) by feature; a malformed or
+    repeated one is an InvalidInput naming `entity`.
+
+    >>> entity_keys(["user.id:u1", "card.id:c9"])
+    {'user.id': 'u1', 'card.id': 'c9'}
+    """
+    entity: dict[str, str] = {}
+    for pair in pairs:
+        name, colon, key = pair.partition(":")
+        if not colon or not name:
+            raise InvalidInput(
+                f"entity={pair!r} must be FEATURE:KEY, e.g. entity=user.id:u1", field="entity"
+            )
+        if entity.setdefault(name, key) != key:
+            raise InvalidInput(f"entity names {name!r} twice; give each key once", field="entity")
+    return entity
+
+
+def typed_time(text: str) -> str:
+    """A time as a URL or a form brought it, its offset's `+` restored where it became a
+    space.
+
+    >>> typed_time("2026-06-01T12:00:00 00:00"), typed_time("1h")
+    ('2026-06-01T12:00:00+00:00', '1h')
+    """
+    return _SPACED_OFFSET.sub(r"\1+\2", text)
 
 
 def moment(value: datetime | DurationLike | None, field: str) -> datetime | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,7 +21,7 @@ from starlette.routing import Mount, Route
 from kairos.client.client import QUERY_ID, Client
 from kairos.client.config import ServerConfig
 from kairos.client.consume import consumers_for, run_consumers
-from kairos.client.decisions import MAX_LIMIT, moment
+from kairos.client.decisions import MAX_LIMIT, entity_keys, moment, typed_time
 from kairos.errors import (
     BackendUnavailable,
     DefinitionError,
@@ -112,8 +111,6 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
 
 
 _SEARCH = ("entity", "since", "until", "feature", "model", "limit")
-# `+00:00` sent unescaped in a query string arrives as ` 00:00`
-_SPACED_OFFSET = re.compile(r"(T[0-9:.]+) ([0-9]{2}:?[0-9]{2})$")
 
 
 def _search_options(params: QueryParams) -> dict[str, Any]:
@@ -131,24 +128,16 @@ def _search_options(params: QueryParams) -> dict[str, Any]:
     for name in _SEARCH[1:]:
         if len(params.getlist(name)) > 1:
             raise HTTPProblem(400, "invalid_query", f"give {name} once", name)
-    entity: dict[str, str] = {}
-    for pair in params.getlist("entity"):
-        name, colon, key = pair.partition(":")
-        if not colon or not name:
-            raise HTTPProblem(
-                400, "invalid_query",
-                f"entity={pair!r} must be FEATURE:KEY, e.g. entity=user.id:u1", "entity",
-            )  # fmt: skip
-        if entity.setdefault(name, key) != key:
-            raise HTTPProblem(
-                400, "invalid_query", f"entity names {name!r} twice; give each key once", "entity"
-            )
+    try:
+        entity = entity_keys(params.getlist("entity"))
+    except InvalidInput as error:
+        raise HTTPProblem(400, "invalid_query", str(error), error.field) from None
     options: dict[str, Any] = {"entity": entity}
     for name in ("since", "until"):
         text = params.get(name)
         if text is not None:
             try:
-                options[name] = moment(_SPACED_OFFSET.sub(r"\1+\2", text), name)
+                options[name] = moment(typed_time(text), name)
             except InvalidInput as error:  # not a time, or a duration back past year 1
                 raise HTTPProblem(400, "invalid_query", str(error), name) from None
     for name in ("feature", "model"):

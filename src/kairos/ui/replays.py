@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from kairos.client.client import Client
+from kairos.client.decisions import entity_keys, typed_time
 from kairos.client.replay import ReplayResult, ReplayRow
 from kairos.errors import InvalidInput, KairosError
 from kairos.resolvers.model import model_features
@@ -31,8 +32,6 @@ MAX_REPLAY = 1000  # decisions one replay from the page takes at most
 DEFAULT_REPLAY = 100
 ROWS_SHOWN = 500  # changed rows a result page lists at most
 SHORT = 80  # characters of a value in a table cell
-# "2026-06-01T12:00:00+00:00" typed into a URL by hand: its "+" arrives as a space
-_SPACED_OFFSET = re.compile(r"(T[0-9:.]+) ([0-9]{2}:?[0-9]{2})$")
 _PIN = re.compile(r"([^@\s,]+)@(v?[0-9]{1,9}|[A-Za-z_][A-Za-z0-9_.-]{0,63})")
 
 
@@ -116,16 +115,10 @@ def entity_pairs(pairs: Sequence[str]) -> dict[str, str]:
     >>> entity_pairs(["user.id:u1", " "])
     {'user.id': 'u1'}
     """
-    entity: dict[str, str] = {}
-    for pair in pairs:
-        if not pair.strip():
-            continue
-        name, colon, key = pair.strip().partition(":")
-        if not colon or not name or not key:
-            raise UIError(f"entity {pair!r} must be FEATURE:KEY, e.g. user.id:u1", "entity")
-        if entity.setdefault(name, key) != key:
-            raise UIError(f"entity names {name!r} twice; give each key once", "entity")
-    return entity
+    try:
+        return entity_keys(pair.strip() for pair in pairs if pair.strip())
+    except InvalidInput as error:
+        raise UIError(str(error), error.field) from None
 
 
 def when_text(text: str | None) -> str | None:
@@ -136,7 +129,7 @@ def when_text(text: str | None) -> str | None:
     """
     if text is None or not text.strip():
         return None
-    return _SPACED_OFFSET.sub(r"\1+\2", text.strip())
+    return typed_time(text.strip())
 
 
 def limit_of(text: str | None, default: int, most: int) -> int:
