@@ -20,13 +20,14 @@ from playwright.sync_api import Page, expect
 import kairos as kr
 from examples.fraud.generate import ANCHOR
 from kairos.client.config import ServerConfig
-from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway import Gateway
 from kairos.server import create_app
 from kairos.ui.replays import value_text
 from tests.client.test_decision_records import Upstream
 from tests.gateway.fake_upstream import ServerThread
 from tests.server.fraud import OUTPUTS, copy_project
 from tests.ui.browser import Watch, chromium, shoot
+from tests.ui.gateways import gateway_config
 
 pytestmark = pytest.mark.slow
 
@@ -44,30 +45,15 @@ class Served:
     server: ServerThread
 
 
-def gateway_config(upstream: str, folder: Path) -> GatewayConfig:
-    return GatewayConfig.from_mapping(
-        {
-            "admin_key_env": "ADMIN",
-            "pepper_env": "PEPPER",
-            "registry": f"sqlite:///{folder / 'gateway.db'}",
-            "counters": f"sqlite:///{folder / 'gateway.db'}",
-            "providers": {"fake": {"kind": "openai", "base_url": f"{upstream}/v1"}},
-            "models": {"gemma": {"deployments": [{"provider": "fake", "model": "gemma-1"}]}},
-            "aliases": {"local/gemma-270m": "gemma"},
-            "prices": {"gemma-1": {"input": 3.0, "output": 15.0}},
-        },
-        base_dir=folder,
-        environ={"ADMIN": ADMIN, "PEPPER": "pepper"},
-    )
-
-
 @pytest.fixture(scope="module")
 def served(fraud_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("ui-fraud")
     project = copy_project(folder / "fraud")
     fake = Upstream()
     with ServerThread(fake.app()) as upstream:
-        gateway = Gateway(gateway_config(upstream.url, folder))
+        gateway = Gateway(
+            gateway_config(upstream.url, folder, ADMIN, "gemma", {"local/gemma-270m": "gemma"})
+        )
         llm_key, _ = asyncio.run(gateway.create_key(name="fraud-features", models=["gemma"]))
         client = kr.Client(
             project, query_log=f"sqlite:///{folder / 'log.db'}", gateway=gateway, llm_key=llm_key

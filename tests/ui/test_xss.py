@@ -17,11 +17,12 @@ from playwright.sync_api import Page
 import kairos as kr
 from kairos import feature, features, online
 from kairos.client.config import ServerConfig
-from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway import Gateway
 from kairos.server import create_app
 from tests.client.test_decision_records import Upstream
 from tests.gateway.fake_upstream import ServerThread
 from tests.ui.browser import Watch, chromium, shoot
+from tests.ui.gateways import gateway_config
 
 pytestmark = pytest.mark.slow
 
@@ -60,19 +61,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     folder: Path = tmp_path_factory.mktemp("ui-xss")
     fake = Upstream()
     with ServerThread(fake.app()) as upstream:
-        config = GatewayConfig.from_mapping(
-            {
-                "admin_key_env": "ADMIN",
-                "pepper_env": "PEPPER",
-                "registry": f"sqlite:///{folder / 'gateway.db'}",
-                "counters": f"sqlite:///{folder / 'gateway.db'}",
-                "providers": {"fake": {"kind": "openai", "base_url": f"{upstream.url}/v1"}},
-                "models": {"judge": {"deployments": [{"provider": "fake", "model": "judge-1"}]}},
-                "prices": {"judge-1": {"input": 3.0, "output": 15.0}},
-            },
-            base_dir=folder,
-            environ={"ADMIN": ADMIN, "PEPPER": "pepper"},
-        )
+        config = gateway_config(upstream.url, folder, ADMIN, "judge")
         gateway = Gateway(config)
         llm_key, _ = asyncio.run(gateway.create_key(name=SCRIPT + ATTRIBUTE, models=["judge"]))
         client = kr.Client(
