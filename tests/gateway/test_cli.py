@@ -91,7 +91,8 @@ def test_gateway_serve_runs_its_own_deployment(project: Path) -> None:
             assert time.monotonic() < deadline and process.poll() is None, process.stderr
             time.sleep(0.1)
         admin = {"authorization": f"Bearer {ADMIN_KEY}"}
-        key = httpx.post(f"{url}/admin/keys", json={"name": "svc"}, headers=admin).json()["key"]
+        made = httpx.post(f"{url}/admin/keys", json={"name": "svc"}, headers=admin).json()
+        key = made["key"]
         with openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0) as sdk:
             reply = sdk.chat.completions.create(
                 model="chat", messages=[{"role": "user", "content": "x"}], max_tokens=2
@@ -99,6 +100,11 @@ def test_gateway_serve_runs_its_own_deployment(project: Path) -> None:
         assert reply.choices[0].message.content == "tok tok "
         usage = httpx.get(f"{url}/admin/usage?rows=1", headers=admin).json()
         assert usage["requests"] == 1 and usage["rows"][0]["cost_micros"] == 12
+        page = httpx.get(f"{url}/ui/gateway", headers=admin)  # its dashboard, admin only
+        assert page.status_code == 200, page.text
+        assert f'data-key="{made["id"]}"' in page.text and key not in page.text
+        assert httpx.get(f"{url}/ui/gateway").status_code == 303  # not signed in
     finally:
         process.terminate()
-        process.communicate(timeout=20)
+        out, _ = process.communicate(timeout=20)
+    assert b"/ui" in out
