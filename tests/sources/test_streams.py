@@ -30,6 +30,7 @@ from kairos.errors import ProjectError
 from kairos.server import create_app
 from kairos.sources.streams import stream_from_config
 from tests.sources.kafka_broker import kafka_broker
+from tests.ui.cells import cells
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 NATS_URL = "nats://127.0.0.1:4222"
@@ -397,7 +398,7 @@ def test_a_stream_feeding_a_class_that_takes_no_events_names_those_that_do(
         consumers_for(client)
 
 
-def test_kairos_serve_consumes_its_streams_and_reports_them_on_metrics(
+def test_kairos_serve_consumes_its_streams_and_reports_them_on_metrics_and_live(
     tmp_path: Path, stream_key: str, r: redis.Redis
 ) -> None:
     for i in range(10):
@@ -407,11 +408,15 @@ def test_kairos_serve_consumes_its_streams_and_reports_them_on_metrics(
     with client_for(tmp_path, {"payments": spec}) as client:
         body = {"inputs": {"payer.id": "p1"}, "outputs": ["payer.paid[7d]"],
                 "now": T0.isoformat()}  # fmt: skip
-        with TestClient(create_app(client)) as http:  # the app's lifespan runs the consumer
+        # the app's lifespan runs the consumer; the dashboard answers localhost only
+        with TestClient(create_app(client), base_url="http://localhost") as http:
             deadline = time.monotonic() + 20
             while True:
                 value = http.post("/v1/query/online", json=body).json()["values"]
-                if value["payer.paid[7d]"] == 10 or time.monotonic() > deadline:
+                row = cells(http.get("/ui/live").text, '<td class="mono">payments</td>')
+                if value["payer.paid[7d]"] == 10 and row[2] == "11":
+                    break
+                if time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
             metrics = http.get("/metrics").text
@@ -419,6 +424,8 @@ def test_kairos_serve_consumes_its_streams_and_reports_them_on_metrics(
     assert 'kairos_stream_events_total{stream="payments"} 10.0' in metrics
     assert 'kairos_stream_dead_letters_total{stream="payments"} 1.0' in metrics
     assert 'kairos_stream_messages_total{stream="payments"} 11.0' in metrics
+    # the dashboard's Live page: stream, lag, messages, events, skipped, dead letters, failed
+    assert row[:7] == ["payments", "0", "11", "10", "0", "1", "0"]
 
 
 @pytest.fixture(scope="module")
