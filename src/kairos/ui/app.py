@@ -54,6 +54,7 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 KEY_COOKIE, ADMIN_COOKIE, CSRF_COOKIE = "kairos_key", "kairos_admin", "kairos_csrf"
+NO_GATEWAY = "this server runs no gateway: its pages are on `kairos gateway serve`"
 MAX_FORM = 64 * 1024  # bytes of a form body
 
 
@@ -72,7 +73,6 @@ class Nav:
 
     title: str
     path: str
-    admin: bool = False
 
 
 @dataclass
@@ -116,7 +116,7 @@ class UI:
                 Nav("Live", "/live"),
             ]
         if self.gateway is not None:
-            pages.append(Nav("Gateway", "/gateway", admin=True))
+            pages.append(Nav("Gateway", "/gateway"))
         return pages
 
     def routes(self) -> list[BaseRoute]:
@@ -136,9 +136,7 @@ class UI:
 
     def gateway_or_404(self) -> Gateway:
         if self.gateway is None:
-            raise UIError(
-                "this server runs no gateway: its pages are on `kairos gateway serve`", status=404
-            )
+            raise UIError(NO_GATEWAY, status=404)
         return self.gateway
 
     # --- auth ------------------------------------------------------------------------------
@@ -190,7 +188,7 @@ class UI:
             elif admin and self.gateway is None:
                 response = self.render(
                     request, "error.html", status=404, title="Gateway",
-                    message="this server runs no gateway: its pages are on `kairos gateway serve`",
+                    message=NO_GATEWAY,
                 )  # fmt: skip
             elif not allowed:
                 if admin and not self.admin_key:
