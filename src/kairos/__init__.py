@@ -7,7 +7,7 @@ client = kr.Client("examples/fraud")
 r = client.query(input={"user.id": "u1"}, output=["user.risk"])
 """
 
-from kairos.client import Client, Project
+from kairos.client import Client, Project, RemoteClient
 from kairos.definitions import (
     DataFrame,
     Feature,
@@ -71,6 +71,7 @@ __all__ = [
     "Project",
     "ProjectError",
     "QueryResult",
+    "RemoteClient",
     "UnknownFeature",
     "Vector",
     "Windowed",

@@ -3,6 +3,9 @@ log keeps each trace step's (times whole there, rounded to 0.1 µs in replies)."
 
 from datetime import UTC, datetime
 
+import orjson
+import pytest
+
 from kairos.engine.result import (
     BulkResult,
     ColumnData,
@@ -12,6 +15,7 @@ from kairos.engine.result import (
     QueryMeta,
     QueryResult,
 )
+from kairos.stores.codec import decode, encode
 
 NOW = datetime(2026, 6, 1, 12, tzinfo=UTC)
 SEEN = datetime(2026, 6, 1, 11, tzinfo=UTC)
@@ -80,7 +84,43 @@ def test_a_bulk_result_as_json() -> None:
         "now": NOW,
         "rows": 2,
         "values": {"user.risk": [0.5, None]},
+        "features": {"user.risk": {"observed_at": [SEEN, None], "source": ["risk", None]}},
         "errors": [error.to_dict()],
-        "meta": {"duration_ms": 3.0, "llm": []},
+        "meta": {"duration_ms": 3.0, "cache_hits": 0, "computed": 2, "llm": []},
         "trace": [STEP.to_dict(4)],
     }
+
+
+# times of 0.1 µs or coarser, so that the reply's rounding keeps them
+ROUND_STEP = NodeTiming(1, "sql", "user", 0.25, 1.5, 2, "ok")
+ENCODINGS = {
+    "plain JSON": lambda tree: orjson.loads(orjson.dumps(tree)),
+    "tagged JSON": lambda tree: decode(encode(tree)),
+}
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_a_query_result_reads_back_from_its_json(encoding: str) -> None:
+    error = FeatureError("user.risk", "timeout", "took over 1s")
+    result = QueryResult(
+        {
+            "user.name": FeatureValue("user.name", "Ada", SEEN, "cache"),
+            "user.risk": FeatureValue("user.risk", None, None, None, error),
+        },
+        QueryMeta("q1", NOW, 2.5, 1, 1, 0, (CALL,)),
+        [ROUND_STEP],
+    )
+    assert QueryResult.from_dict(ENCODINGS[encoding](result.to_dict())) == result
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_a_bulk_result_reads_back_from_its_json(encoding: str) -> None:
+    error = FeatureError("user.risk", "timeout", "took over 1s", 1)
+    columns = {
+        "user.risk": ColumnData([0.5, None], [SEEN, None], ["risk", None], [None, error]),
+        "user.name": ColumnData(["Ada", "Bo"], [NOW, NOW], ["cache", "user"], [None, None]),
+    }
+    result = BulkResult(columns, QueryMeta("q2", NOW, 3.0, 2, 1, 3, (CALL,)), [ROUND_STEP])
+    back = BulkResult.from_dict(ENCODINGS[encoding](result.to_dict()))
+    assert back == result
+    assert back.row(1)["user.risk"].error == error

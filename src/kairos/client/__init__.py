@@ -2,5 +2,6 @@
 
 from kairos.client.client import Client
 from kairos.client.project import Project
+from kairos.client.remote import RemoteClient
 
-__all__ = ["Client", "Project"]
+__all__ = ["Client", "Project", "RemoteClient"]

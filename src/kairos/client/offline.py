@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc
 
 from kairos.client.inputs import check_inputs
 from kairos.client.runtime import Runtime
@@ -67,19 +68,40 @@ class OfflineResult:
         return self.table.to_pandas()
 
     def to_polars(self) -> Any:
-        import polars as pl  # optional: `pip install kairos[polars]`
+        import polars as pl  # optional: `pip install kairos-inference[polars]`
 
         return pl.from_arrow(self.table)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, schema: bool = False) -> dict[str, Any]:
         """The rows as columns of JSON values, each error with its row, and what was asked
-        (what `POST /v1/query/offline` replies)."""
-        return {
+        (what `POST /v1/query/offline` replies); with `schema`, also the table's Arrow schema
+        as bytes (for tagged JSON, which carries bytes), so `from_dict` rebuilds it exactly."""
+        body = {
             "rows": len(self),
             "columns": self.table.to_pydict(),
             "errors": [error.to_dict() for error in self.errors],
             "query": self.query,
         }
+        if schema:
+            body["schema"] = self.table.schema.serialize().to_pybytes()
+        return body
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OfflineResult:
+        """The result `to_dict` wrote: with its schema the same Arrow table, else one whose
+        column types Arrow infers from the values.
+
+        >>> OfflineResult.from_dict(result.to_dict(schema=True)) == result  # doctest: +SKIP
+        True
+        """
+        schema = data.get("schema")
+        columns = data["columns"]
+        if isinstance(schema, bytes):
+            table = pa.Table.from_pydict(columns, schema=pa.ipc.read_schema(pa.py_buffer(schema)))
+        else:
+            table = pa.Table.from_pydict(columns)
+        errors = [FeatureError.from_dict(error) for error in data["errors"]]
+        return cls(table, errors, dict(data["query"]))
 
 
 def spine_columns(spine: Any) -> dict[str, list[Any]]:

@@ -13,6 +13,11 @@ from datetime import datetime
 from typing import Any
 
 
+def _time(value: Any) -> datetime | None:
+    """A time of a JSON answer: a datetime (tagged JSON), ISO 8601 text (plain JSON) or None."""
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
 @dataclass(frozen=True, slots=True)
 class FeatureError:
     """Why one feature (of one row, in a bulk query) has no value."""
@@ -34,6 +39,15 @@ class FeatureError:
         if row:
             body["row"] = self.row
         return body
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FeatureError:
+        """The error `to_dict` wrote (the resolver's name is not in it).
+
+        >>> FeatureError.from_dict({"feature": "user.risk", "code": "timeout", "message": "m"})
+        FeatureError(feature='user.risk', code='timeout', message='m', row=None, resolver=None)
+        """
+        return cls(data["feature"], data["code"], data["message"], data.get("row"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +103,18 @@ class NodeTiming:
             "rows": self.rows,
             "status": self.status,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeTiming:
+        return cls(
+            data["node"],
+            data["kind"],
+            data["label"],
+            data["start_ms"],
+            data["duration_ms"],
+            data["rows"],
+            data["status"],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +201,47 @@ class QueryResult:
             "trace": [step.to_dict(TRACE_DIGITS) for step in self.trace],
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], name_of: NameOf = str) -> QueryResult:
+        """The result `to_dict` wrote (what a remote client reads back); `name_of` turns the
+        features `get` is given into names.
+
+        >>> QueryResult.from_dict(served.to_dict()).values == served.values  # doctest: +SKIP
+        """
+        errors = {e["feature"]: FeatureError.from_dict(e) for e in data["errors"]}
+        features = {
+            name: FeatureValue(
+                name,
+                answer["value"],
+                _time(answer["observed_at"]),
+                answer["source"],
+                errors.get(name),
+            )
+            for name, answer in data["features"].items()
+        }
+        meta = data["meta"]
+        return cls(
+            features,
+            QueryMeta(
+                data["query_id"],
+                _when(data["now"]),
+                meta["duration_ms"],
+                1,
+                meta["cache_hits"],
+                meta["computed"],
+                tuple(meta["llm"]),
+            ),
+            [NodeTiming.from_dict(step) for step in data["trace"]],
+            name_of,
+        )
+
+
+def _when(value: Any) -> datetime:
+    found = _time(value)
+    if not isinstance(found, datetime):
+        raise ValueError(f"a result's now must be a time, got {value!r}")
+    return found
+
 
 @dataclass
 class BulkResult:
@@ -219,14 +286,57 @@ class BulkResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The answer as JSON (what `POST /v1/query/bulk` replies): a list of values per
-        output, one per entity, and each error with its row."""
+        output, one per entity, when and where each came from, and each error with its row."""
         meta = self.meta
         return {
             "query_id": meta.query_id,
             "now": meta.now,
             "rows": len(self),
             "values": self.values,
+            "features": {
+                name: {"observed_at": list(col.observed_at), "source": list(col.source)}
+                for name, col in self.columns.items()
+            },
             "errors": [error.to_dict() for error in self.errors],
-            "meta": {"duration_ms": meta.duration_ms, "llm": list(meta.llm)},
+            "meta": {
+                "duration_ms": meta.duration_ms,
+                "cache_hits": meta.cache_hits,
+                "computed": meta.computed,
+                "llm": list(meta.llm),
+            },
             "trace": [step.to_dict(TRACE_DIGITS) for step in self.trace],
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], name_of: NameOf = str) -> BulkResult:
+        """The result `to_dict` wrote (what a remote client reads back)."""
+        rows = data["rows"]
+        features = data.get("features") or {}
+        columns = {}
+        for name, values in data["values"].items():
+            seen = features.get(name) or {}
+            columns[name] = ColumnData(
+                list(values),
+                [_time(t) for t in seen.get("observed_at") or [None] * rows],
+                list(seen.get("source") or [None] * rows),
+                [None] * rows,
+            )
+        for error in data["errors"]:
+            found = FeatureError.from_dict(error)
+            if found.feature in columns and found.row is not None:
+                columns[found.feature].errors[found.row] = found
+        meta = data["meta"]
+        return cls(
+            columns,
+            QueryMeta(
+                data["query_id"],
+                _when(data["now"]),
+                meta["duration_ms"],
+                rows,
+                meta.get("cache_hits", 0),
+                meta.get("computed", 0),
+                tuple(meta.get("llm") or ()),
+            ),
+            [NodeTiming.from_dict(step) for step in data["trace"]],
+            name_of,
+        )

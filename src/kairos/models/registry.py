@@ -69,6 +69,24 @@ class ModelVersion:
             "aliases": list(self.aliases),
         }
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ModelVersion:
+        """The version `to_json` wrote (as `GET /v1/models/{name}/versions/{n}` answers it);
+        `extra`, what loading the artifact needs, stays on the server."""
+        return cls(
+            data["name"],
+            data["version"],
+            data["sha256"],
+            data["framework"],
+            data["format"],
+            data["size"],
+            ModelSchema.from_json(data["schema"]),
+            dict(data["metadata"]),
+            {},
+            datetime.fromisoformat(data["created_at"]),
+            tuple(data.get("aliases") or ()),
+        )
+
 
 @dataclass(frozen=True)
 class AliasChange:
@@ -93,6 +111,19 @@ class AliasChange:
             "changed_at": self.changed_at.isoformat(),
             "changed_by": self.changed_by,
         }
+
+    @classmethod
+    def from_json(cls, name: str, data: Mapping[str, Any]) -> AliasChange:
+        """The change `to_json` wrote for model `name` (which it leaves out)."""
+        return cls(
+            name,
+            data["alias"],
+            data["version"],
+            data["previous"],
+            data["action"],
+            datetime.fromisoformat(data["changed_at"]),
+            data.get("changed_by"),
+        )
 
 
 _SCHEMA = [

@@ -10,6 +10,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kairos.stores.codec import TAGGED_JSON, UnencodableValue, encode
+
 MAX_BODY = 4 * 1024 * 1024
 
 
@@ -40,7 +42,14 @@ def _default(value: Any) -> Any:
     return str(value)
 
 
-def json_response(body: Any, status: int = 200) -> Response:
+def json_response(body: Any, status: int = 200, *, tagged: bool = False) -> Response:
+    """`body` as JSON; with `tagged`, as the codec's tagged JSON (datetimes, bytes, tuples...
+    kept as themselves) unless a value is one the codec cannot keep."""
+    if tagged:
+        try:
+            return Response(encode(body), status_code=status, media_type=TAGGED_JSON)
+        except UnencodableValue:
+            pass  # plain JSON below: such a value as its text
     try:
         data = orjson.dumps(body, default=_default, option=orjson.OPT_NON_STR_KEYS)
     except orjson.JSONEncodeError:  # an int past 64 bits (a logged value): as its digits
@@ -59,6 +68,11 @@ def _wide_ints(tree: Any) -> Any:
     if isinstance(tree, list | tuple | set | frozenset):
         return [_wide_ints(item) for item in tree]
     return tree
+
+
+def wants_tagged(request: Request) -> bool:
+    """Whether the caller asked for tagged JSON (a remote kairos client does)."""
+    return TAGGED_JSON in request.headers.get("accept", "")
 
 
 def problem_response(problem: HTTPProblem) -> Response:

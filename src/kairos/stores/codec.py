@@ -34,6 +34,7 @@ import orjson
 from kairos.errors import KairosError
 
 __all__ = [
+    "TAGGED_JSON",
     "CorruptValue",
     "UnencodableValue",
     "decode",
@@ -45,6 +46,9 @@ __all__ = [
     "to_micros",
 ]
 
+# The media type of this encoding over HTTP: a remote client asks for it (Accept) so that
+# values read back as the types the server had.
+TAGGED_JSON = "application/vnd.kairos.tagged+json"
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -73,6 +73,24 @@ class LoggedValue(NamedTuple):
             "age_s": self.age_s,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoggedValue:
+        """The value `to_dict` wrote (observed_at a datetime or ISO 8601 text)."""
+        return cls(
+            data["value"],
+            _time(data["observed_at"]),
+            data["source"],
+            data.get("version"),
+            data.get("error_code"),
+            data.get("error_message"),
+            data.get("age_s"),
+        )
+
+
+def _time(value: Any) -> Any:
+    """A time of a JSON answer: a datetime (tagged JSON), ISO 8601 text (plain JSON) or None."""
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
 
 @dataclass(frozen=True, slots=True)
 class PlanInfo:
@@ -175,6 +193,30 @@ class LoggedQuery:
             "trace": self.trace,
             "logged_at": self.logged_at,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoggedQuery:
+        """The record `to_dict` wrote, as `GET /v1/log/{query_id}` answers it.
+
+        >>> LoggedQuery.from_dict(record.to_dict()) == record  # doctest: +SKIP
+        True
+        """
+        outputs = {name: LoggedValue.from_dict(v) for name, v in data["outputs"].items()}
+        values = {name: LoggedValue.from_dict(v) for name, v in data["values"].items()}
+        plan = data.get("plan")
+        return cls(
+            data["query_id"],
+            _time(data["now"]),
+            dict(data["inputs"]),
+            outputs,
+            data["duration_ms"],
+            list(data["trace"]),
+            _time(data["logged_at"]),
+            values,
+            list(data.get("model_calls") or ()),
+            list(data.get("llm_calls") or ()),
+            None if plan is None else PlanInfo.from_dict(plan),
+        )
 
 
 def _kept(value: Any, unkept: set[str]) -> Any:
