@@ -41,6 +41,7 @@ from kairos.planner.plan import (
     WindowNode,
 )
 from kairos.resolvers.calls import computing
+from kairos.resolvers.raised import resolver_failure
 from kairos.resolvers.registry import BoundInput
 from kairos.stores.online import OnlineStore, StoredValue, StoreKey
 
@@ -584,6 +585,7 @@ class _Run:
                     await work
             except TimeoutError:
                 status = "timeout"
+        failures: dict[int, str] = {}  # a batch's one exception fails every row: one message
         for index, row in enumerate(rows):
             result = results[index]
             if result is None:
@@ -601,15 +603,10 @@ class _Run:
             ok, value = result
             if not ok:
                 status = "error" if status == "ok" else status
+                if id(value) not in failures:  # the traceback to the log, once
+                    failures[id(value)] = resolver_failure(node.label, value)
                 for name in node.outputs:
-                    self.fail(
-                        outputs,
-                        name,
-                        row,
-                        "resolver_error",
-                        f"resolver {node.label!r} raised {type(value).__name__}: {value}",
-                        node.label,
-                    )
+                    self.fail(outputs, name, row, "resolver_error", failures[id(value)], node.label)
                 continue
             self.store_result(node, row, value, outputs)
         return status

@@ -30,6 +30,7 @@ from kairos.errors import (
     PlanError,
     UnknownFeature,
 )
+from kairos.http.access import log_access
 from kairos.server.bodies import HTTPProblem, json_response, problem_response, read_json
 from kairos.server.metrics import Metrics
 from kairos.server.models_routes import model_routes
@@ -187,7 +188,7 @@ class Server:
         return any(hmac.compare_digest(given, key) for key in self.keys)
 
     def route(self, endpoint: str, handler: Handler, *, public: bool = False) -> Handler:
-        """Wrap a handler: auth, errors as JSON, metrics by endpoint."""
+        """Wrap a handler: auth, errors as JSON, metrics by endpoint, the access line."""
 
         async def wrapped(request: Request) -> Response:
             started = time.perf_counter()
@@ -211,6 +212,10 @@ class Server:
             seconds = time.perf_counter() - started
             self.metrics.observe_request(endpoint, response.status_code, seconds)
             self.traffic.observe_request(endpoint, response.status_code, seconds)
+            log_access(
+                request.method, request.scope["path"], response.status_code, seconds,
+                request.scope.get("state", {}).get("query_id"),
+            )  # fmt: skip
             return response
 
         return wrapped
@@ -219,7 +224,7 @@ class Server:
         body = await read_json(request)
         options = _options(body)
         result = await self.client.query_async(_inputs(body), _outputs(body), **options)
-        self.observe_query(result)
+        self.observe_query(request, result)
         return json_response(result.to_dict())
 
     async def query_bulk(self, request: Request) -> Response:
@@ -234,11 +239,12 @@ class Server:
                 "inputs",
             )
         result = await self.client.query_bulk_async(inputs, _outputs(body), **options)
-        self.observe_query(result)
+        self.observe_query(request, result)
         return json_response(result.to_dict())
 
-    def observe_query(self, result: Any) -> None:
+    def observe_query(self, request: Request, result: Any) -> None:
         meta = result.meta
+        request.state.query_id = meta.query_id  # for the access line
         self.metrics.observe_query(result.trace, meta.cache_hits, meta.computed, meta.llm)
         self.traffic.observe_query(meta.cache_hits, meta.computed)
 
@@ -399,11 +405,15 @@ def create_app(
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return problem_response(HTTPProblem(404, "not_found", f"no route {request.url.path}"))
+        started = time.perf_counter()
+        response = problem_response(HTTPProblem(404, "not_found", f"no route {request.url.path}"))
+        log_access(request.method, request.scope["path"], 404, time.perf_counter() - started)
+        return response
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
+        started = time.perf_counter()
         allowed = getattr(exc, "headers", None) or {}
-        return problem_response(
+        response = problem_response(
             HTTPProblem(
                 405,
                 "method_not_allowed",
@@ -411,6 +421,8 @@ def create_app(
                 headers={"Allow": allowed["Allow"]} if "Allow" in allowed else None,
             )
         )
+        log_access(request.method, request.scope["path"], 405, time.perf_counter() - started)
+        return response
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
