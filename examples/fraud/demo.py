@@ -129,7 +129,7 @@ def main() -> None:
             result = server.call("POST", "/v1/query/online", body)
             first.append(result)
             meta = result["meta"]
-            print(f"\nPOST /v1/query/online {uid}: query {result['query_id'][:8]}, "
+            print(f"\nPOST /v1/query/online {uid}: query {result['query_id']}, "
                   f"{meta['duration_ms']:.2f} ms in the server")  # fmt: skip
             rows = [
                 [name, f["value"], f["source"], f["observed_at"]]
@@ -189,7 +189,7 @@ def main() -> None:
 
         query_id = first[0]["query_id"]
         logged = server.call("GET", f"/v1/log/{query_id}")
-        print(f"\nGET /v1/log/{query_id[:8]}...: what that decision saw")
+        print(f"\nGET /v1/log/{query_id}: what that decision saw")
         rows = [
             [name, v["value"], v["source"], v["version"]] for name, v in logged["outputs"].items()
         ]
@@ -206,7 +206,7 @@ def main() -> None:
         page = server.call("GET", f"/ui/decisions/{query_id}").decode()
         shown = sum(f'id="value-{name}"' in page for name in OUTPUTS)
         print(
-            f"GET /ui/decisions/{query_id[:8]}...: the dashboard's page for that decision, "
+            f"GET /ui/decisions/{query_id}: the dashboard's page for that decision, "
             f"{len(page):,} bytes of HTML showing {shown} of its {len(OUTPUTS)} outputs"
         )
     finally:
@@ -222,7 +222,7 @@ def main() -> None:
         replayed = client.replay([query_id], recompute=["user.risk"])
     print(
         f"Read back from {PROJECT.name}/.kairos/query_log.db after the stop: query "
-        f"{record.query_id[:8]} at {record.now.isoformat()} saw user.risk="
+        f"{record.query_id} at {record.now.isoformat()} saw user.risk="
         f"{record.outputs['user.risk'].value:.3f} (`kairos log show {record.query_id}`)"
     )
     [risk] = [row for row in replayed.rows if row.feature == "user.risk"]
