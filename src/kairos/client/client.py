@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kairos import telemetry
 from kairos.client.backfill import BackfillReport, materialize
 from kairos.client.config import Config
 from kairos.client.decisions import DecisionLog, decision_records, snapshot_values, whole_path
@@ -52,6 +53,7 @@ from kairos.engine.result import (
     QueryMeta,
     QueryResult,
 )
+from kairos.engine.tracing import traced_offline, traced_query
 from kairos.engine.values import to_utc
 from kairos.engine.windows import WindowIndex
 from kairos.engine.windows_shared import windows_for
@@ -111,6 +113,7 @@ class Client:
             loaded = Project(None, (), ())
         folder = loaded.root.parent if loaded.root and loaded.root.is_file() else loaded.root
         self.config = config or (Config.load(folder) if folder is not None else Config())
+        telemetry.from_environment()  # OTEL_TRACES_EXPORTER and friends, once per process
         extra = Project.from_objects(definitions)
         self.project = Project(
             loaded.root,
@@ -355,7 +358,7 @@ class Client:
     ) -> BulkResult:
         columns = self._columns(input)
         rows = len(next(iter(columns.values()))) if columns else 0
-        return await self._run(columns, rows, output, now, staleness, query_id)
+        return await self._run(columns, rows, output, now, staleness, query_id, "bulk")
 
     def offline_query(
         self,
@@ -397,7 +400,7 @@ class Client:
         address: str | None = None,
         progress: Progress | None = None,
     ) -> OfflineResult:
-        return await offline_query(
+        work = offline_query(
             self._runtime,
             spine,
             output,
@@ -406,6 +409,7 @@ class Client:
             engine=self._recompute(engine, address),
             progress=progress,
         )
+        return await (work if telemetry.TRACER is None else traced_offline(work))
 
     def _recompute(self, engine: str, address: str | None) -> Recompute | None:
         """What recomputes offline rows: this process (None), or Ray workers that build
@@ -650,6 +654,19 @@ class Client:
         return columns
 
     async def _run(
+        self,
+        columns: dict[str, list[Any]],
+        rows: int,
+        output: Sequence[Any],
+        now: datetime | None,
+        staleness: Mapping[Any, DurationLike] | None,
+        query_id: str | None,
+        kind: str = "online",
+    ) -> BulkResult:
+        run = self._execute(columns, rows, output, now, staleness, query_id)
+        return await (run if telemetry.TRACER is None else traced_query(kind, run))
+
+    async def _execute(
         self,
         columns: dict[str, list[Any]],
         rows: int,

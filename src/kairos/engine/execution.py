@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from kairos import telemetry
 from kairos.definitions.binding import BoundExpression
 from kairos.definitions.feature import ref_of
 from kairos.definitions.graph import Graph
@@ -27,6 +28,7 @@ from kairos.definitions.types import DataFrame, ValueType
 from kairos.engine.evaluate import Compiled, compile_expression
 from kairos.engine.result import ColumnData, FeatureError, NodeTiming
 from kairos.engine.rows import Selection, compile_selection, normalize_rows, select_rows
+from kairos.engine.tracing import traced_node, traced_store
 from kairos.engine.values import check
 from kairos.engine.windows import WindowIndex, Windows
 from kairos.errors import InvalidValue
@@ -246,7 +248,10 @@ class _Run:
         """One store read; an unreachable or failing store is a miss, never a failed query."""
         start = self.elapsed_ms()
         try:
-            found = await self.engine.store.get(keys)
+            reading = self.engine.store.get(keys)
+            found = await (
+                reading if telemetry.TRACER is None else traced_store("get", len(keys), reading)
+            )
         except Exception as error:  # the cache is an optimization: compute instead
             logger.warning("online store read failed, computing instead: %s", error)
             self.timed(node, "cache", label, start, len(keys), "error")
@@ -376,7 +381,10 @@ class _Run:
         rows = self.rows_to_compute(node, outputs)
         start = self.elapsed_ms()
         if rows:
-            status = await self.compute(node, rows, outputs)
+            work = self.compute(node, rows, outputs)
+            status = await (
+                work if telemetry.TRACER is None else traced_node(node, len(rows), work)
+            )
             self.computed += len(rows)
             self.timed(node, node.kind, node.label, start, len(rows), status)
         for name, data in outputs.items():
@@ -683,7 +691,12 @@ class _Run:
             return
         start = self.elapsed_ms()
         try:
-            await self.engine.store.put(self.fresh)
+            writing = self.engine.store.put(self.fresh)
+            await (
+                writing
+                if telemetry.TRACER is None
+                else traced_store("put", len(self.fresh), writing)
+            )
         except Exception as error:  # the answer is computed; failing to cache it is not fatal
             logger.warning("online store write failed; values stay uncached: %s", error)
             self.timed(None, "cache", "online store write", start, len(self.fresh), "error")

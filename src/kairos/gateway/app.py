@@ -30,6 +30,7 @@ from urllib.parse import unquote
 import orjson
 from prometheus_client import generate_latest
 
+from kairos import telemetry
 from kairos.errors import did_you_mean
 from kairos.gateway.edge import (
     BodyDeadline,
@@ -292,7 +293,10 @@ class GatewayApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self._http(scope, receive, send)
+            if telemetry.TRACER is None:
+                await self._http(scope, receive, send)
+            else:  # a server span continuing the request's `traceparent`
+                await telemetry.serve(scope, receive, send, self._http, self._span_route)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
@@ -335,6 +339,18 @@ class GatewayApp:
             reply = route.errors(failure)
         self.server.metrics.answered(route.name, reply.status, time.perf_counter() - started)
         await answer(request, reply, receive, send)
+
+    def _span_route(self, scope: Scope) -> str:
+        """The route a request's span is named by: its path where that is a route, the
+        template of a route with an id in it, else `unmatched` (never a raw unknown path)."""
+        path: str = scope["path"]
+        if path in self.routes or path.rstrip("/") in self.routes:
+            return path.rstrip("/") or "/"
+        if path.startswith("/admin/keys/"):
+            return "/admin/keys/{id}"
+        if path.startswith("/v1/models/"):
+            return "/v1/models/{model}"
+        return "unmatched"
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

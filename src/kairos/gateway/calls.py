@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from kairos import telemetry
 from kairos.gateway import requests
 from kairos.gateway.accounting import (
     Accountant,
@@ -51,6 +52,7 @@ from kairos.gateway.router import Router
 from kairos.gateway.scrub import Secrets
 from kairos.gateway.shares import SharedCounters
 from kairos.gateway.streams import ResponseStream, Stream
+from kairos.gateway.tracing import CallSpans, stream_ended, traced_attempt
 
 _FREE = Price(0, 0)  # an unpriced model, for keys without a USD budget
 # the field a capped call's output limit goes in (chat: the provider's `token_field`)
@@ -131,6 +133,7 @@ class Call:
         self.deployment: Deployment | None = None
         self.hold_id: str | None = None  # the store hold carrying the last attempt's
         self.ttft: float | None = None
+        self.spans: CallSpans | None = None  # with tracing on (tracing.py)
 
     async def run(self) -> dict[str, Any] | Stream:
         gateway, key = self.gateway, self.key
@@ -204,7 +207,10 @@ class Call:
                 router.finished(deployment, "neutral", 0.0)
                 raise
             try:
-                return await self._attempt(deployment, provider, hold)
+                attempt = self._attempt(deployment, provider, hold)
+                if telemetry.TRACER is None:
+                    return await attempt
+                return await traced_attempt(self, deployment, provider, attempt)
             except UpstreamError as error:
                 if not error.retryable:
                     raise
@@ -339,6 +345,8 @@ class Call:
             self.log(deployment, provider, status)
 
         def on_end(usage: Usage | None, status: str) -> Awaitable[None]:
+            if self.spans is not None:
+                stream_ended(self, usage, status)
             # deferred like a whole answer's, and as visible to the key's next refused hold
             return self.gateway._deferred(self.key.id, ended(usage, status))
 

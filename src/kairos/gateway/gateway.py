@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from kairos import telemetry
 from kairos.gateway import requests
 from kairos.gateway.accounting import PROCESS, Accountant
 from kairos.gateway.anthropic import AnthropicProvider
@@ -53,6 +54,7 @@ from kairos.gateway.scrub import Secrets
 from kairos.gateway.shares import SharedCounters
 from kairos.gateway.storage import counters_from_url, registry_from_url
 from kairos.gateway.streams import Stream
+from kairos.gateway.tracing import traced_call
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +84,7 @@ class Gateway:
         providers: dict[str, Provider] | None = None,
     ) -> None:
         self.config = config
+        telemetry.from_environment()  # OTEL_TRACES_EXPORTER and friends, once per process
         self.registry = registry or registry_from_url(config.registry)
         self.counters = counters or counters_from_url(config.counters)
         if providers is None:
@@ -341,7 +344,9 @@ class Gateway:
             self, record, kind, route, model, body, stream, wanted, messages, answers, served
         )
         try:
-            return await call.run()
+            if telemetry.TRACER is None:
+                return await call.run()
+            return await traced_call(call, call.run())
         except GatewayError as error:
             self.secrets.scrub_error(error)  # whatever provider built it, no credential leaves
             call.log(None, None, error.code)

@@ -27,6 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
+from kairos import telemetry
 from kairos.errors import KairosError
 
 _IDLE_PER_ORIGIN = 256
@@ -332,6 +333,8 @@ class HTTPClient:
             f"{method} {target.path} HTTP/1.1", f"host: {target.netloc}",
             f"content-length: {len(body)}",
         ]  # fmt: skip
+        if telemetry.TRACER is not None:  # the current span's `traceparent` goes along
+            headers = telemetry.outgoing(headers)
         lines += [f"{name}: {value}" for name, value in headers.items()]
         raw = ("\r\n".join(lines) + "\r\n" + target.extra + "\r\n").encode("latin-1") + body
         connection = self._idle_connection(target.origin)

@@ -14,6 +14,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
@@ -36,6 +37,7 @@ from kairos.server.metrics import Metrics
 from kairos.server.models_routes import model_routes
 from kairos.server.openapi import openapi_document
 from kairos.server.replay_routes import replay_routes
+from kairos.telemetry import ServerSpans
 from kairos.ui import UI, Traffic, dashboard_routes
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -441,6 +443,7 @@ def create_app(
         routes=routes,
         exception_handlers={404: not_found, 405: not_allowed},
         lifespan=lifespan,
+        middleware=[Middleware(ServerSpans)],  # a span per request, with tracing on
     )
     app.state.server = server
     return app

@@ -1,0 +1,186 @@
+"""A query's trace: one `kairos.query` span, a child per plan node that ran (nested in time
+inside it), SQL nodes named by their statement with no parameter value in any span."""
+
+from __future__ import annotations
+
+import sqlite3
+import textwrap
+from collections.abc import Iterator
+from contextlib import closing
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+import kairos as kr
+from kairos import telemetry
+from tests.telemetry.conftest import attribute_values, children, named, one
+
+PRIVATE_ID = "acct-7f3c-private"  # the key a SQL statement is bound to: in no span
+
+FEATURES = """\
+from kairos import _, features, online
+
+
+@features
+class Account:
+    id: str
+    name: str
+    tier: str
+    score: float
+    doubled: float = _.score * 2
+    flagged: bool
+
+
+@online
+def score(aid: Account.id) -> Account.score:
+    return 1.5
+
+
+@online
+def flagged(aid: Account.id) -> Account.flagged:
+    raise LookupError("the flag service is down")
+"""
+
+ACCOUNT_SQL = """\
+-- resolves: Account
+-- source: bank
+select id, name, level as tier from accounts where id = :id
+"""
+
+
+@pytest.fixture
+def bank(tmp_path: Path) -> Iterator[kr.Client]:
+    folder = tmp_path / "bank"
+    folder.mkdir()
+    (folder / "features.py").write_text(FEATURES)
+    (folder / "account.sql").write_text(textwrap.dedent(ACCOUNT_SQL))
+    with closing(sqlite3.connect(tmp_path / "bank.db")) as db:
+        db.execute("create table accounts (id text primary key, name text, level text)")
+        db.executemany(
+            "insert into accounts values (?, ?, ?)",
+            [(PRIVATE_ID, "Ada", "gold"), ("acct-2", "Bob", "silver")],
+        )
+        db.commit()
+    settings = {"sources": {"bank": f"sqlite:///{tmp_path / 'bank.db'}"}}
+    (folder / "kairos.yaml").write_text(yaml.safe_dump(settings))
+    with kr.Client(folder, query_log="none://", offline_store="none://") as client:
+        yield client
+
+
+OUTPUTS = ["account.name", "account.tier", "account.doubled"]
+
+
+def test_a_query_is_a_root_span_with_one_child_per_plan_node(
+    bank: kr.Client, spans: InMemorySpanExporter
+) -> None:
+    result = bank.query({"account.id": PRIVATE_ID}, OUTPUTS)
+    assert result.errors == []
+    plan = bank.plan(["account.id"], OUTPUTS)
+
+    query = one(spans, "kairos.query")
+    assert query.parent is None  # nothing around it: the trace's root
+    assert query.attributes is not None
+    assert query.attributes["kairos.query.id"] == result.meta.query_id
+    assert query.attributes["kairos.query.kind"] == "online"
+    assert query.attributes["kairos.query.outputs"] == 3
+    assert query.attributes["kairos.query.status"] == "ok"
+    nodes = children(spans, query)
+    assert sorted(n.attributes["kairos.node.id"] for n in nodes if n.attributes) == sorted(
+        node.id for node in plan.nodes
+    )
+    assert {n.name for n in nodes} == {
+        "kairos.resolver account",
+        "kairos.resolver score",
+        "kairos.expression account.doubled",
+    }
+    # each node's span lies inside the query's, as it ran
+    assert query.start_time is not None and query.end_time is not None
+    for node in nodes:
+        assert node.start_time is not None and node.end_time is not None
+        assert query.start_time <= node.start_time <= node.end_time <= query.end_time
+        assert node.attributes is not None and node.attributes["kairos.node.status"] == "ok"
+        assert node.status.status_code is StatusCode.UNSET
+    # the engine's own trace times the same nodes
+    traced = {t.node for t in result.trace if t.node is not None}
+    assert traced == {node.id for node in plan.nodes}
+
+
+def test_a_sql_nodes_span_names_its_statement_and_holds_no_parameter(
+    bank: kr.Client, spans: InMemorySpanExporter
+) -> None:
+    bank.query({"account.id": PRIVATE_ID}, ["account.name"])
+
+    sql = one(spans, "kairos.resolver account")
+    attributes = dict(sql.attributes or {})
+    assert attributes["db.query.summary"] == "account"
+    assert attributes["db.system.name"] == "sqlite"
+    assert attributes["db.namespace"] == "bank"
+    assert str(attributes["code.file.path"]).endswith("account.sql")
+    assert attributes["kairos.node.kind"] == "sql"
+    assert "db.query.text" not in attributes and "db.statement" not in attributes
+    every = attribute_values(spans.get_finished_spans())
+    assert not [v for v in every if PRIVATE_ID in v]
+    assert not [v for v in every if "accounts" in v or "where id" in v]
+
+
+def test_a_failed_resolver_fails_its_span_and_the_query_is_partial(
+    bank: kr.Client, spans: InMemorySpanExporter
+) -> None:
+    result = bank.query({"account.id": "acct-2"}, ["account.name", "account.flagged"])
+    assert [e.feature for e in result.errors] == ["account.flagged"]
+
+    failed = one(spans, "kairos.resolver flagged")
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.attributes is not None and failed.attributes["error.type"] == "error"
+    assert one(spans, "kairos.resolver account").status.status_code is StatusCode.UNSET
+    query = one(spans, "kairos.query")
+    assert query.attributes is not None
+    assert query.attributes["kairos.query.status"] == "partial"
+    assert query.attributes["kairos.query.errors"] == 1
+    # the resolver's message is in the result, not in the trace
+    assert not [v for v in attribute_values([failed, query]) if "flag service" in v]
+
+
+def test_a_bulk_query_is_one_span_of_kind_bulk(
+    bank: kr.Client, spans: InMemorySpanExporter
+) -> None:
+    bank.query_bulk({"account.id": [PRIVATE_ID, "acct-2"]}, ["account.name"])
+
+    query = one(spans, "kairos.query")
+    assert query.attributes is not None
+    assert (query.attributes["kairos.query.kind"], query.attributes["kairos.query.rows"]) == (
+        "bulk",
+        2,
+    )
+    [sql] = children(spans, query)
+    assert sql.name == "kairos.resolver account"
+    assert sql.attributes is not None and sql.attributes["kairos.node.rows"] == 2
+
+
+def test_an_offline_query_is_a_span_of_kind_offline(
+    bank: kr.Client, spans: InMemorySpanExporter
+) -> None:
+    spine = {"account.id": [PRIVATE_ID], "ts": [datetime(2026, 6, 1, tzinfo=UTC)]}
+    result = bank.offline_query(spine, ["account.name"])
+    assert result.column("account.name") == ["Ada"]
+
+    query = one(spans, "kairos.query")
+    assert query.attributes is not None
+    assert query.attributes["kairos.query.kind"] == "offline"
+    assert query.attributes["kairos.query.rows"] == 1
+    assert query.kind is SpanKind.INTERNAL
+
+
+def test_tracing_off_makes_no_span(bank: kr.Client, spans: InMemorySpanExporter) -> None:
+    provider_tracer = telemetry.TRACER
+    telemetry.configure(None)
+    try:
+        result = bank.query({"account.id": PRIVATE_ID}, OUTPUTS)
+    finally:
+        telemetry.TRACER = provider_tracer
+    assert result.errors == []
+    assert named(spans, "") == []
