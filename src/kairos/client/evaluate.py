@@ -46,7 +46,7 @@ from kairos.stores.query_log import LoggedQuery
 MODEL_METRICS = ("accuracy", "auc", "log_loss", "mae")
 PROMPT_METRICS = ("exact_match", "json_valid", "contains", "judge")
 METRICS = MODEL_METRICS + PROMPT_METRICS
-INSTALL = "pip install 'kairos[eval]'"
+INSTALL = "pip install 'kairos-inference[eval]'"
 REPORT = "report.md"
 PLOT = "scores.png"
 # judge calls in flight at once

@@ -25,7 +25,7 @@ the local engine on a Ray worker, the rows put back in the spine's order.
   logger); a part that fails (its worker died, the project does not import there) raises a
   KairosError naming the part.
 
-Ray is imported only when engine="ray" is used: `pip install 'kairos[ray]'`.
+Ray is imported only when engine="ray" is used: `pip install 'kairos-inference[ray]'`.
 """
 
 from __future__ import annotations
@@ -410,7 +410,7 @@ def _import_ray() -> Any:
         import ray
     except ImportError:
         raise KairosError(
-            "engine='ray' needs Ray, which is not installed: pip install 'kairos[ray]'"
+            "engine='ray' needs Ray, which is not installed: pip install 'kairos-inference[ray]'"
         ) from None
     return ray
 

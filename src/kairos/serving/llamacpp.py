@@ -178,7 +178,9 @@ class LlamaCppEngine:
         try:
             import llama_cpp
         except ImportError:
-            self.load_error = "llama-cpp-python is not installed: pip install 'kairos[llm]'"
+            self.load_error = (
+                "llama-cpp-python is not installed: pip install 'kairos-inference[llm]'"
+            )
             raise EngineNotReady(self.load_error) from None
         kwargs: dict[str, Any] = {
             "model_path": str(path),

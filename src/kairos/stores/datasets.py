@@ -118,7 +118,7 @@ class Dataset:
         return self.table.to_pandas()
 
     def to_polars(self) -> Any:
-        import polars as pl  # optional: `pip install kairos[polars]`
+        import polars as pl  # optional: `pip install kairos-inference[polars]`
 
         return pl.from_arrow(self.table)
 

@@ -3,7 +3,7 @@ committed only after a batch's events are written (and its poison published to
 `<topic>.dead` with the reason in a header), so a consumer killed mid-batch reads it again.
 Nothing here is broker-specific: it runs against any Kafka-protocol broker.
 
-aiokafka is imported when a stream connects (`pip install 'kairos[streams]'`).
+aiokafka is imported when a stream connects (`pip install 'kairos-inference[streams]'`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ class KafkaStream:
                 from aiokafka import AIOKafkaConsumer
             except ImportError:
                 raise KairosError(
-                    f"stream {self.spec.name!r} is kind kafka: pip install 'kairos[streams]'"
+                    f"stream {self.spec.name!r} is kind kafka: "
+                    "pip install 'kairos-inference[streams]'"
                 ) from None
             consumer = AIOKafkaConsumer(
                 self.spec.stream,

@@ -10,7 +10,8 @@ consumer's time. Delivered messages keep their stream subject; the status that e
 (404 no messages, 408 expired, 409 a limit such as max ack pending) comes on its reply subject.
 A message that arrives after its read gave up waits for the next read, unacknowledged.
 
-nats-py is imported when a stream connects, not when kairos is (`pip install 'kairos[streams]'`).
+nats-py is imported when a stream connects, not when kairos is
+(`pip install 'kairos-inference[streams]'`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class NatsStream:
             import nats
         except ImportError:
             raise KairosError(
-                f"stream {self.spec.name!r} is kind nats: pip install 'kairos[streams]'"
+                f"stream {self.spec.name!r} is kind nats: pip install 'kairos-inference[streams]'"
             ) from None
         try:
             connection = await nats.connect(self.spec.url, connect_timeout=5,
