@@ -4,15 +4,16 @@ and the absence of import cycles are import-linter's contracts in `make check`.)
 
 from __future__ import annotations
 
-import argparse
 import ast
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeGuard
 
+import click
+
 import kairos
-from kairos.cli.main import _parser
+from kairos.cli.main import cli
 
 SRC = Path(kairos.__file__).parent
 README = Path(__file__).parents[1] / "README.md"
@@ -74,12 +75,11 @@ def test_the_layout_names_every_package_and_top_level_module() -> None:
     assert named <= packages | modules, f"not in the tree: {named - packages - modules}"
 
 
-def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> Iterator[str]:
-    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if not groups:
+def _commands(command: click.Command, prefix: str = "") -> Iterator[str]:
+    if not isinstance(command, click.Group):
         yield prefix
         return
-    for name, sub in groups[0].choices.items():
+    for name, sub in command.commands.items():
         yield from _commands(sub, f"{prefix} {name}".strip())
 
 
@@ -103,4 +103,4 @@ def _listed_commands(layout: str) -> set[str]:
 
 
 def test_the_layout_lists_every_cli_command() -> None:
-    assert _listed_commands(_layout()) == set(_commands(_parser()))
+    assert _listed_commands(_layout()) == set(_commands(cli))

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
+import click
 import pytest
 
-from kairos.cli.main import _parser
+from kairos.cli.deploy import llm_command
 from kairos.errors import InvalidInput
 from kairos.serving.deploy import DeploymentSpec, engine_command, engine_env
 
@@ -75,13 +77,19 @@ def test_pinned_replicas_take_their_cores_in_turn() -> None:
     assert "--cpus" not in engine_command(DeploymentSpec(name="t", model="m.gguf"), 8200)
 
 
+def _options(argv: list[str]) -> dict[str, Any]:
+    """What `kairos deploy llm ARGV` parses into (the command's parameters, unrun)."""
+    return llm_command.make_context("llm", argv).params
+
+
 def test_cpus_on_the_command_line() -> None:
     from kairos.cli.deploy import spec_from_args
 
-    args = _parser().parse_args(["deploy", "llm", "g", "--cpus", "0", "--cpus", "1,3"])
+    args = _options(["g", "--cpus", "0", "--cpus", "1,3"])
     assert spec_from_args(args).cpus == ((0,), (1, 3))
-    with pytest.raises(SystemExit):  # argparse names the flag and the value
-        _parser().parse_args(["deploy", "llm", "g", "--cpus", "zero"])
+    with pytest.raises(click.BadParameter, match="'zero' is not a list of core numbers") as bad:
+        _options(["g", "--cpus", "zero"])
+    assert "--cpus" in bad.value.format_message()  # names the flag and the value
 
 
 @pytest.mark.parametrize(
@@ -108,10 +116,8 @@ def test_a_bad_spec_names_the_setting(kwargs: dict[str, object], field: str) -> 
 def test_the_cli_builds_the_spec() -> None:
     from kairos.cli.deploy import spec_from_args
 
-    args = _parser().parse_args(
+    args = _options(
         [
-            "deploy",
-            "llm",
             "qwen",
             "--engine",
             "vllm",
@@ -149,6 +155,6 @@ def test_vllm_without_a_model_is_refused() -> None:
     from kairos.cli.deploy import spec_from_args
     from kairos.errors import KairosError
 
-    args = _parser().parse_args(["deploy", "llm", "q", "--engine", "vllm"])
+    args = _options(["q", "--engine", "vllm"])
     with pytest.raises(KairosError, match="--model is required"):
         spec_from_args(args)

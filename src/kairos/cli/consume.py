@@ -7,35 +7,31 @@ hand is written and acknowledged.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import signal
 import sys
-from typing import Any
 
+import click
+
+from kairos.cli.options import Command, project_option
 from kairos.client.client import Client
 from kairos.client.consume import consumers_for, run_consumers
 from kairos.errors import KairosError
 
 
-def add_consume_command(commands: Any) -> None:
-    consume = commands.add_parser("consume", help="consume the project's streams into events")
-    consume.add_argument("--project", default=".", help="project folder (default: .)")
-    consume.add_argument(
-        "--stream", dest="streams", action="append", default=[], metavar="NAME",
-        help="only this stream (repeatable; default: every one in kairos.yaml)",
-    )  # fmt: skip
-    consume.add_argument(
-        "--drain", action="store_true", help="stop once the streams have nothing new"
-    )
-    consume.set_defaults(run=_consume)
-
-
-def _consume(args: argparse.Namespace) -> int:
-    with Client(args.project) as client:
+@click.command("consume", cls=Command)
+@project_option
+@click.option(
+    "--stream", "streams", multiple=True, metavar="NAME",
+    help="only this stream (repeatable; default: every one in kairos.yaml)",
+)  # fmt: skip
+@click.option("--drain", is_flag=True, help="stop once the streams have nothing new")
+def consume_command(project: str, streams: tuple[str, ...], drain: bool) -> int:
+    """Consume the project's streams into events."""
+    with Client(project) as client:
         if not client.config.streams:
-            raise KairosError(f"{args.project}: kairos.yaml has no `streams:` to consume")
-        return asyncio.run(_run(client, args.streams, args.drain))
+            raise KairosError(f"{project}: kairos.yaml has no `streams:` to consume")
+        return asyncio.run(_run(client, list(streams), drain))
 
 
 async def _run(client: Client, names: list[str], drain: bool) -> int:

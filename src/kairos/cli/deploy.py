@@ -22,13 +22,15 @@ import argparse
 import asyncio
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import click
 import yaml
 
+from kairos.cli.options import Group
 from kairos.errors import KairosError
 from kairos.gateway import Gateway, GatewayConfig
 from kairos.gateway.app import create_gateway_app
@@ -38,82 +40,127 @@ from kairos.serving.group_provider import DeploymentProvider, gateway_entries
 from kairos.serving.supervisor import DeploymentGroup
 
 
-def add_deploy_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register `deploy llm` on the main parser's subcommands."""
-    deploy = commands.add_parser("deploy", help="run open-weight model replicas")
-    kinds = deploy.add_subparsers(required=True, metavar="KIND")
-    llm = kinds.add_parser("llm", help="an LLM served by llama.cpp (CPU) or vLLM (GPU)")
-    llm.add_argument("name", help="the model id clients and the gateway use")
-    llm.add_argument("--engine", choices=ENGINES, default="llamacpp")
-    llm.add_argument("--model", help="GGUF path (llamacpp) or path / HF id (vllm)")
-    llm.add_argument("--replicas", type=int, default=1)
-    llm.add_argument("--min-replicas", type=int)
-    llm.add_argument("--max-replicas", type=int)
-    llm.add_argument("--host", default="127.0.0.1")
-    llm.add_argument("--port-base", type=int, help="replica i listens on PORT_BASE+i")
-    llm.add_argument("--ctx", type=int, default=2048, help="context length (vllm: max-model-len)")
-    llm.add_argument("--threads", type=int, help="llamacpp: CPU threads per replica")
-    llm.add_argument("--cpus", type=cores_argument, action="append", default=[],
-                     metavar="N[,N...]", help="llamacpp: the cores of one replica (repeat: "
-                     "one per replica, reused in turn), e.g. --cpus 0 --cpus 1")  # fmt: skip
-    llm.add_argument("--seed", type=int, default=0)
-    llm.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm")
-    llm.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm")
-    llm.add_argument("--share-gpu", action="store_true", help="vllm: all replicas on all GPUs")
-    llm.add_argument("--scale-up-after", type=float, default=5.0, metavar="SECONDS")
-    llm.add_argument("--scale-down-after", type=float, default=60.0, metavar="SECONDS")
-    llm.add_argument("--ready-timeout", type=float, default=300.0, metavar="SECONDS")
-    llm.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS")
-    llm.add_argument("--log-dir", help="replica logs (default: a temporary folder)")
-    llm.add_argument(
-        "--gateway",
-        action="store_true",
-        help="also serve the project's gateway with this group registered in it",
+class _Cores(click.ParamType[tuple[int, ...], "str | tuple[int, ...]"]):
+    """`--cpus 0,1`: the cores of one replica."""
+
+    name = "cores"
+
+    def convert(
+        self, value: str | tuple[int, ...], param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return cores_argument(value)
+        except argparse.ArgumentTypeError as error:
+            self.fail(str(error), param, ctx)
+
+
+def _seconds(flag: str, default: float, help: str) -> Callable[[Any], Any]:
+    return click.option(
+        flag, type=float, default=default, show_default=True, metavar="SECONDS", help=help
     )
-    llm.add_argument("--project", default=".", help="with --gateway: the folder of kairos.yaml")
-    llm.add_argument("--gateway-port", type=int, help="with --gateway: instead of gateway.port")
-    llm.add_argument("--engine-arg", dest="engine_args", action="append", default=[],
-                     metavar="ARG", help="passed to the engine unchanged, e.g. "
-                     "--engine-arg=--enforce-eager (repeat for more)")  # fmt: skip
-    llm.set_defaults(run=run)
 
 
-def spec_from_args(args: argparse.Namespace) -> DeploymentSpec:
-    model = args.model or _default_model(args.engine)
+@click.group("deploy", cls=Group)
+def deploy_group() -> None:
+    """Run open-weight model replicas."""
+
+
+@deploy_group.command("llm")
+@click.argument("name", help="the model id clients and the gateway use")
+@click.option(
+    "--engine", type=click.Choice(ENGINES), default="llamacpp", show_default=True,
+    help="llamacpp (CPU, in kairos's own worker) or vllm (GPU)",
+)  # fmt: skip
+@click.option("--model", help="GGUF path (llamacpp) or path / HF id (vllm)")
+@click.option("--replicas", type=int, default=1, show_default=True, help="replicas to start")
+@click.option("--min-replicas", type=int, help="scale down to no fewer (default: --replicas)")
+@click.option("--max-replicas", type=int, help="scale up to no more (default: --replicas)")
+@click.option("--host", default="127.0.0.1", show_default=True, help="where replicas listen")
+@click.option("--port-base", type=int, help="replica i listens on PORT_BASE+i")
+@click.option(
+    "--ctx", type=int, default=2048, show_default=True,
+    help="context length (vllm: max-model-len)",
+)  # fmt: skip
+@click.option("--threads", type=int, help="llamacpp: CPU threads per replica")
+@click.option(
+    "--cpus", type=_Cores(), multiple=True, metavar="N[,N...]",
+    help="llamacpp: the cores of one replica (repeat: one per replica, reused in turn), "
+    "e.g. --cpus 0 --cpus 1",
+)  # fmt: skip
+@click.option("--seed", type=int, default=0, show_default=True, help="the sampling seed")
+@click.option(
+    "--gpu-memory-utilization", type=float, default=0.9, show_default=True,
+    help="vllm: the share of each GPU's memory a replica takes",
+)  # fmt: skip
+@click.option(
+    "--tensor-parallel-size", type=int, default=1, show_default=True,
+    help="vllm: GPUs per replica",
+)  # fmt: skip
+@click.option("--share-gpu", is_flag=True, help="vllm: all replicas on all GPUs")
+@_seconds("--scale-up-after", 5.0, "add a replica once requests queue this long")
+@_seconds("--scale-down-after", 60.0, "stop a replica once one has been idle this long")
+@_seconds("--ready-timeout", 300.0, "how long a replica may take to load its model")
+@_seconds("--drain-timeout", 60.0, "how long in-flight requests may take to finish on stop")
+@click.option("--log-dir", help="replica logs (default: a temporary folder)")
+@click.option(
+    "--gateway", is_flag=True,
+    help="also serve the project's gateway with this group registered in it",
+)  # fmt: skip
+@click.option(
+    "--project", default=".", show_default=True, metavar="PATH",
+    help="with --gateway: the project folder (where kairos.yaml is)",
+)  # fmt: skip
+@click.option("--gateway-port", type=int, help="with --gateway: instead of gateway.port")
+@click.option(
+    "--engine-arg", "engine_args", multiple=True, metavar="ARG",
+    help="passed to the engine unchanged, e.g. --engine-arg=--enforce-eager (repeat for more)",
+)  # fmt: skip
+def llm_command(**options: Any) -> int:
+    """An LLM served by llama.cpp (CPU) or vLLM (GPU)."""
+    spec = spec_from_args(options)
+    gateway = (
+        _gateway_settings(options["project"], options["gateway_port"], spec.name)
+        if options["gateway"]
+        else None
+    )
+    return asyncio.run(_supervise(spec, options["log_dir"], gateway))
+
+
+def spec_from_args(options: Mapping[str, Any]) -> DeploymentSpec:
+    """The spec `kairos deploy llm`'s options describe (click's parameter names)."""
+    model = options["model"] or _default_model(options["engine"])
     return DeploymentSpec(
-        name=args.name,
+        name=options["name"],
         model=model,
-        engine=args.engine,
-        replicas=args.replicas,
-        min_replicas=args.min_replicas,
-        max_replicas=args.max_replicas,
-        host=args.host,
-        port_base=args.port_base,
-        ctx=args.ctx,
-        threads=args.threads,
-        cpus=tuple(args.cpus),
-        seed=args.seed,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        tensor_parallel_size=args.tensor_parallel_size,
-        share_gpu=args.share_gpu,
-        extra_args=tuple(args.engine_args),
-        ready_timeout=args.ready_timeout,
-        scale_up_after=args.scale_up_after,
-        scale_down_after=args.scale_down_after,
-        drain_timeout=args.drain_timeout,
+        engine=options["engine"],
+        replicas=options["replicas"],
+        min_replicas=options["min_replicas"],
+        max_replicas=options["max_replicas"],
+        host=options["host"],
+        port_base=options["port_base"],
+        ctx=options["ctx"],
+        threads=options["threads"],
+        cpus=tuple(options["cpus"]),
+        seed=options["seed"],
+        gpu_memory_utilization=options["gpu_memory_utilization"],
+        tensor_parallel_size=options["tensor_parallel_size"],
+        share_gpu=options["share_gpu"],
+        extra_args=tuple(options["engine_args"]),
+        ready_timeout=options["ready_timeout"],
+        scale_up_after=options["scale_up_after"],
+        scale_down_after=options["scale_down_after"],
+        drain_timeout=options["drain_timeout"],
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    spec = spec_from_args(args)
-    gateway = _gateway_settings(args, spec.name) if args.gateway else None
-    return asyncio.run(_supervise(spec, args.log_dir, gateway))
-
-
-def _gateway_settings(args: argparse.Namespace, name: str) -> tuple[dict[str, Any], Path, int]:
+def _gateway_settings(
+    project: str, gateway_port: int | None, name: str
+) -> tuple[dict[str, Any], Path, int]:
     """The project's gateway section with the group added as model group `name` (checked
     before any replica starts), its folder and the port to serve it on."""
-    folder = Path(args.project)
+    folder = Path(project)
     path = folder / "kairos.yaml"
     try:
         raw = yaml.safe_load(path.read_text()) if path.exists() else None
@@ -137,7 +184,7 @@ def _gateway_settings(args: argparse.Namespace, name: str) -> tuple[dict[str, An
         "providers": {**providers, **entries["providers"]},
         "models": {**models, **entries["models"]},
     }
-    port = args.gateway_port or int(section.get("port", 8100))
+    port = gateway_port or int(section.get("port", 8100))
     return merged, folder, port
 
 

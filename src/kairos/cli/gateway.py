@@ -12,7 +12,6 @@ over HTTP); a new key is printed once and never stored in plain text.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import json
@@ -20,8 +19,11 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import click
+
+from kairos.cli.options import Group, json_option, project_option
 from kairos.cli.serve import is_local
-from kairos.cli.tables import grid
+from kairos.cli.tables import show
 from kairos.errors import KairosError
 from kairos.gateway import Gateway, GatewayConfig
 from kairos.gateway.app import create_gateway_app
@@ -33,48 +35,14 @@ from kairos.ui.gateway import with_dashboard
 T = TypeVar("T")
 
 
-def add_gateway_commands(commands: Any) -> None:
-    """Add `gateway` and its subcommands to the top-level parser's subparsers."""
-    gateway = commands.add_parser("gateway", help="the model gateway (LLM keys, budgets, ledger)")
-    actions = gateway.add_subparsers(required=True, metavar="ACTION")
+@click.group("gateway", cls=Group)
+def gateway_group() -> None:
+    """The model gateway (LLM keys, budgets, ledger)."""
 
-    serve = actions.add_parser("serve", help="run the gateway's HTTP server")
-    serve.add_argument("--project", default=".")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.set_defaults(run=_serve)
 
-    keys = actions.add_parser("keys", help="create, list and revoke gateway keys")
-    key_actions = keys.add_subparsers(required=True, metavar="ACTION")
-    create = key_actions.add_parser("create", help="create a key (printed once)")
-    create.add_argument("--project", default=".")
-    create.add_argument("--name", required=True)
-    create.add_argument("--model", dest="models", action="append", default=[], metavar="GROUP")
-    create.add_argument("--rpm", type=int, help="requests per minute")
-    create.add_argument("--tpm", type=int, help="tokens per minute")
-    create.add_argument(
-        "--budget", dest="budgets", action="append", default=[], metavar="PERIOD:usd=N|tokens=N",
-        help="e.g. day:usd=5, month:tokens=1000000, total:usd=100 (repeatable)",
-    )  # fmt: skip
-    create.add_argument("--expires", help="ISO time after which the key stops working")
-    create.add_argument("--json", action="store_true")
-    create.set_defaults(run=_create)
-    listing = key_actions.add_parser("list", help="list keys (never their secrets)")
-    listing.add_argument("--project", default=".")
-    listing.add_argument("--json", action="store_true")
-    listing.set_defaults(run=_list)
-    revoke = key_actions.add_parser("revoke", help="revoke a key by id")
-    revoke.add_argument("key_id")
-    revoke.add_argument("--project", default=".")
-    revoke.set_defaults(run=_revoke)
-
-    usage = actions.add_parser("usage", help="spend and tokens from the ledger")
-    usage.add_argument("--project", default=".")
-    usage.add_argument("--key", help="one key's id")
-    usage.add_argument("--since", help="ISO time (default: the start of this month, UTC)")
-    usage.add_argument("--until", help="ISO time (default: now)")
-    usage.add_argument("--json", action="store_true")
-    usage.set_defaults(run=_usage)
+@gateway_group.group("keys")
+def keys_group() -> None:
+    """Create, list and revoke gateway keys."""
 
 
 def _with_gateway(project: str, work: Callable[[Any], Awaitable[T]]) -> T:
@@ -103,26 +71,55 @@ def _budget(text: str) -> dict[str, Any]:
     return {"period": period, unit: value}
 
 
-def _create(args: argparse.Namespace) -> int:
-    spec: dict[str, Any] = {"name": args.name, "budgets": [_budget(b) for b in args.budgets]}
-    if args.models:
-        spec["models"] = args.models
-    for name in ("rpm", "tpm"):
-        if getattr(args, name) is not None:
-            spec[name] = getattr(args, name)
-    if args.expires:
-        spec["expires_at"] = args.expires
-    plain, record = _with_gateway(args.project, lambda g: g.create_key(**spec))
-    if args.json:
+@keys_group.command("create")
+@project_option
+@click.option("--name", required=True, help="what the key is for, e.g. billing")
+@click.option(
+    "--model", "models", multiple=True, metavar="GROUP",
+    help="a model group the key may call (repeatable; default: every one)",
+)  # fmt: skip
+@click.option("--rpm", type=int, help="requests per minute")
+@click.option("--tpm", type=int, help="tokens per minute")
+@click.option(
+    "--budget", "budgets", multiple=True, metavar="PERIOD:usd=N|tokens=N",
+    help="e.g. day:usd=5, month:tokens=1000000, total:usd=100 (repeatable)",
+)  # fmt: skip
+@click.option("--expires", help="ISO time after which the key stops working")
+@json_option("the key and its fields")
+def create_command(
+    project: str,
+    name: str,
+    models: tuple[str, ...],
+    rpm: int | None,
+    tpm: int | None,
+    budgets: tuple[str, ...],
+    expires: str | None,
+    as_json: bool,
+) -> int:
+    """Create a key (printed once)."""
+    spec: dict[str, Any] = {"name": name, "budgets": [_budget(b) for b in budgets]}
+    if models:
+        spec["models"] = list(models)
+    for field, limit in (("rpm", rpm), ("tpm", tpm)):
+        if limit is not None:
+            spec[field] = limit
+    if expires:
+        spec["expires_at"] = expires
+    plain, record = _with_gateway(project, lambda g: g.create_key(**spec))
+    if as_json:
         print(json.dumps({**record.public(), "key": plain}, indent=2))
     else:
         print(f"created key {record.id} ({record.name}); it is shown only this once:\n{plain}")
     return 0
 
 
-def _list(args: argparse.Namespace) -> int:
-    records = _with_gateway(args.project, lambda g: g.list_keys())
-    if args.json:
+@keys_group.command("list")
+@project_option
+@json_option("the keys")
+def list_command(project: str, as_json: bool) -> int:
+    """List keys (never their secrets)."""
+    records = _with_gateway(project, lambda g: g.list_keys())
+    if as_json:
         print(json.dumps([r.public() for r in records], indent=2))
         return 0
     rows = [
@@ -134,7 +131,7 @@ def _list(args: argparse.Namespace) -> int:
         for r in records
     ]  # fmt: skip
     if rows:
-        print(grid(("id", "name", "models", "rpm", "tpm", "budgets", "expires"), rows))
+        show(("id", "name", "models", "rpm", "tpm", "budgets", "expires"), rows)
     else:
         print("no keys yet; create one with: kairos gateway keys create --name NAME")
     return 0
@@ -149,10 +146,14 @@ def _budget_text(budget: dict[str, Any]) -> str:
     return f"{budget['period']}:{'+'.join(parts)}"
 
 
-def _revoke(args: argparse.Namespace) -> int:
-    if not _with_gateway(args.project, lambda g: g.revoke_key(args.key_id)):
-        raise KairosError(f"no active key {args.key_id!r}; `kairos gateway keys list` shows them")
-    print(f"revoked key {args.key_id}")
+@keys_group.command("revoke")
+@click.argument("key_id", help="the key's id, as `kairos gateway keys list` shows")
+@project_option
+def revoke_command(key_id: str, project: str) -> int:
+    """Revoke a key by id."""
+    if not _with_gateway(project, lambda g: g.revoke_key(key_id)):
+        raise KairosError(f"no active key {key_id!r}; `kairos gateway keys list` shows them")
+    print(f"revoked key {key_id}")
     return 0
 
 
@@ -163,15 +164,22 @@ def _time(value: str | None, name: str) -> datetime | None:
         raise KairosError(f"--{name} {value!r} is not an ISO time, e.g. 2026-11-01") from None
 
 
-def _usage(args: argparse.Namespace) -> int:
+@gateway_group.command("usage")
+@project_option
+@click.option("--key", help="one key's id (default: every key)")
+@click.option("--since", help="ISO time (default: the start of this month, UTC)")
+@click.option("--until", help="ISO time (default: now)")
+@json_option("the summary")
+def usage_command(
+    project: str, key: str | None, since: str | None, until: str | None, as_json: bool
+) -> int:
+    """Spend and tokens from the ledger."""
     now = datetime.now(UTC)
-    since = _time(args.since, "since") or now.replace(
-        day=1, hour=0, minute=0, second=0, microsecond=0
-    )
-    until = _time(args.until, "until")
-    rows = _with_gateway(args.project, lambda g: g.usage(args.key, since, until))
+    start = _time(since, "since") or now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    end = _time(until, "until")
+    rows = _with_gateway(project, lambda g: g.usage(key, start, end))
     summary = summarize(rows)
-    if args.json:
+    if as_json:
         print(json.dumps(summary, indent=2))
         return 0
     table = [
@@ -180,17 +188,22 @@ def _usage(args: argparse.Namespace) -> int:
         for e in summary["by_key_and_model"]
     ]  # fmt: skip
     if table:
-        print(grid(("key", "model", "requests", "tokens in", "tokens out", "cost"), table))
+        show(("key", "model", "requests", "tokens in", "tokens out", "cost"), table)
     print(
-        f"{summary['requests']} requests since {since.isoformat(timespec='seconds')}, "
+        f"{summary['requests']} requests since {start.isoformat(timespec='seconds')}, "
         f"${summary['cost_micros'] / 1_000_000:.6f} in all"
     )
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    config = GatewayConfig.load(args.project)
-    host, port = args.host or config.host, args.port or config.port
+@gateway_group.command("serve")
+@project_option
+@click.option("--host", help="the address to listen on (default: gateway.host in kairos.yaml)")
+@click.option("--port", type=int, help="the port to listen on (default: gateway.port)")
+def serve_command(project: str, host: str | None, port: int | None) -> int:
+    """Run the gateway's HTTP server."""
+    config = GatewayConfig.load(project)
+    host, port = host or config.host, port or config.port
     if not config.pepper:
         raise KairosError("set gateway.pepper_env in kairos.yaml: keys are hashed with it")
     if not is_local(host) and not config.admin_key:

@@ -1,9 +1,9 @@
-"""`kairos offline` and `kairos materialize`: the offline half from a shell, with progress;
-`--engine ray [--address ray://...]` recomputes on Ray workers (progress per part done)."""
+"""`kairos offline` and `kairos materialize`: the offline half from a shell, with a progress
+bar on a terminal; `--engine ray [--address ray://...]` recomputes on Ray workers (progress per
+part done)."""
 
 from __future__ import annotations
 
-import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -12,23 +12,11 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from kairos.cli.console import progress
 from kairos.client import Client
 from kairos.errors import KairosError
 
 CHUNK = 20_000
-
-
-def progress_bar(label: str) -> Any:
-    """A one-line progress bar on stderr: `label  45% [#########-----------] 900/2000`."""
-
-    def show(done: int, total: int) -> None:
-        share = done / total if total else 1.0
-        bar = "#" * int(share * 30)
-        end = "\n" if done >= total else ""
-        print(f"\r{label} {share:4.0%} [{bar:<30}] {done}/{total}", end=end, file=sys.stderr)
-        sys.stderr.flush()
-
-    return show
 
 
 def _time(text: str, flag: str) -> datetime:
@@ -65,24 +53,24 @@ def offline(
     if not outputs:
         raise KairosError("name at least one output: --out user.risk")
     spine = read_spine(spine_path)
-    show = progress_bar("offline")
     parts = []
     errors = 0
-    with Client(project) as client:
+    with Client(project) as client, progress("offline") as show:
         total = spine.num_rows
         if engine != "local" and not stored:  # one query: the engine splits it into parts
-            result = client.offline_query(
+            whole = client.offline_query(
                 spine, outputs, timestamp=timestamp, engine=engine, address=address, progress=show
             )
-            pq.write_table(result.table, output)
-            print(f"wrote {len(result)} rows to {output} ({len(result.errors)} feature errors)")
-            return 0
-        for start in range(0, max(total, 1), CHUNK):
-            part = spine.slice(start, CHUNK)
-            result = client.offline_query(part, outputs, timestamp=timestamp, recompute=not stored)
-            parts.append(result.table)
-            errors += len(result.errors)
-            show(min(start + CHUNK, total), total)
+            parts, errors = [whole.table], len(whole.errors)
+        else:
+            for start in range(0, max(total, 1), CHUNK):
+                part = spine.slice(start, CHUNK)
+                result = client.offline_query(
+                    part, outputs, timestamp=timestamp, recompute=not stored
+                )
+                parts.append(result.table)
+                errors += len(result.errors)
+                show(min(start + CHUNK, total), total)
     table = pa.concat_tables(parts) if parts else pa.table({})
     pq.write_table(table, output)
     print(f"wrote {table.num_rows} rows to {output} ({errors} feature errors)")
@@ -102,7 +90,7 @@ def materialize(
     engine: str = "local",
     address: str | None = None,
 ) -> int:
-    with Client(project) as client:
+    with Client(project) as client, progress("materialize") as show:
         if keys is not None:
             key_list: list[Any] = [k for k in keys.split(",") if k]
         elif keys_sql is not None:
@@ -121,7 +109,7 @@ def materialize(
             every=every,
             features=features,
             online=online,
-            progress=progress_bar("materialize"),
+            progress=show,
             engine=engine,
             address=address,
         )

@@ -12,83 +12,42 @@ kairos models score risk --data features.parquet --output scores.parquet --alias
 
 from __future__ import annotations
 
-import argparse
 import getpass
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import click
+
+from kairos.cli.options import Group, project_option
 from kairos.client import Client
 from kairos.errors import KairosError
 from kairos.models import formats
 
-
-def add_models_commands(commands: Any) -> None:
-    models = commands.add_parser("models", help="register, version, alias and serve models")
-    actions = models.add_subparsers(required=True, metavar="ACTION")
-
-    def action(name: str, help: str, run: Any) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = actions.add_parser(name, help=help)
-        parser.add_argument("--project", default=".", help="project folder (default: .)")
-        parser.set_defaults(run=run)
-        return parser
-
-    action("list", "registered models, their newest version and aliases", _list)
-    show = action("show", "every version of a model: schema, sha256, aliases", _show)
-    show.add_argument("name")
-
-    register = action("register", "register an artifact file in a safe format", _register)
-    register.add_argument("name")
-    register.add_argument("file", help="the artifact: .onnx, .skops, .ubj/.json, .txt, .cbm")
-    register.add_argument("--format", help="onnx | skops | xgboost-ubj | xgboost-json | "
-                          "lightgbm-text | catboost-cbm (default: from the extension)")  # fmt: skip
-    register.add_argument("--alias", action="append", default=[], dest="aliases")
-    register.add_argument("--inputs", help="comma-separated input names, when the model has none")
-    register.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE")
-
-    alias = action("alias", "point an alias at a version", _alias)
-    alias.add_argument("name")
-    alias.add_argument("alias")
-    alias.add_argument("version", type=int)
-
-    rollback = action("rollback", "point an alias back where it was before", _rollback)
-    rollback.add_argument("name")
-    rollback.add_argument("alias")
-
-    history = action("history", "every alias change, with its time", _history)
-    history.add_argument("name")
-
-    predict = action("predict", "predict rows given as JSON", _predict)
-    predict.add_argument("name")
-    predict.add_argument("--rows", required=True, help="JSON list of objects or lists, or @file")
-    _pick(predict)
-
-    score = action("score", "batch-score a Parquet file into another", _score)
-    score.add_argument("name")
-    score.add_argument("--data", required=True, help="Parquet file with the model's inputs")
-    score.add_argument("--output", required=True, help="Parquet file to write")
-    score.add_argument("--column", default="prediction")
-    _pick(score)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _pick(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--version", type=int)
-    parser.add_argument("--alias")
+@click.group("models", cls=Group)
+def models_group() -> None:
+    """Register, version, alias and serve models."""
 
 
-_EXTENSIONS = {
-    ".onnx": "onnx",
-    ".skops": "skops",
-    ".ubj": "xgboost-ubj",
-    ".json": "xgboost-json",
-    ".txt": "lightgbm-text",
-    ".cbm": "catboost-cbm",
-}
+_NAME = click.argument("name", help="the model's name, e.g. risk")
 
 
-def _list(args: argparse.Namespace) -> int:
-    with Client(args.project) as client:
+def _pick(function: F) -> F:
+    """`--version N` or `--alias NAME`: which version of the model runs (default: newest)."""
+    function = click.option("--alias", help="run the version this alias points at")(function)
+    return click.option("--version", type=int, help="run this version number")(function)
+
+
+@models_group.command("list")
+@project_option
+def list_command(project: str) -> int:
+    """Registered models, their newest version and aliases."""
+    with Client(project) as client:
         names = client.models.names()
         if not names:
             print("no models registered (client.models.register or kairos models register)")
@@ -99,9 +58,13 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(args: argparse.Namespace) -> int:
-    with Client(args.project) as client:
-        for v in client.models.versions(args.name):
+@models_group.command("show")
+@_NAME
+@project_option
+def show_command(name: str, project: str) -> int:
+    """Every version of a model: schema, sha256, aliases."""
+    with Client(project) as client:
+        for v in client.models.versions(name):
             schema = v.schema
             print(
                 f"{v.label}  {v.framework}/{v.format}  sha256:{v.sha256[:16]}  {v.size} bytes  "
@@ -114,53 +77,147 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register(args: argparse.Namespace) -> int:
-    path = Path(args.file)
+@models_group.command("register")
+@_NAME
+@click.argument("file", help="the artifact: .onnx, .skops, .ubj/.json, .txt, .cbm")
+@project_option
+@click.option("--format", "kind", help="onnx | skops | xgboost-ubj | xgboost-json | "
+              "lightgbm-text | catboost-cbm (default: from the extension)")  # fmt: skip
+@click.option(
+    "--alias", "aliases", multiple=True, help="point this alias at the new version (repeatable)"
+)
+@click.option("--inputs", help="comma-separated input names, when the model has none")
+@click.option(
+    "--meta", multiple=True, metavar="KEY=VALUE", help="metadata kept with it (repeatable)"
+)
+def register_command(
+    name: str,
+    file: str,
+    project: str,
+    kind: str | None,
+    aliases: tuple[str, ...],
+    inputs: str | None,
+    meta: tuple[str, ...],
+) -> int:
+    """Register an artifact file in a safe format."""
+    path = Path(file)
     if not path.is_file():
-        raise KairosError(f"no artifact file {args.file!r}")
-    kind = args.format or _EXTENSIONS.get(path.suffix)
+        raise KairosError(f"no artifact file {file!r}")
+    kind = kind or _EXTENSIONS.get(path.suffix)
     if kind is None:
         raise KairosError(f"cannot tell the format of {path.name}; pass --format")
     metadata = {}
-    for pair in args.meta:
+    for pair in meta:
         key, sep, value = pair.partition("=")
         if not sep:
             raise KairosError(f"--meta {pair!r} needs KEY=VALUE")
         metadata[key] = value
-    inputs = args.inputs.split(",") if args.inputs else None
+    names = inputs.split(",") if inputs else None
     model = formats.from_artifact(path.read_bytes(), kind)
-    with Client(args.project) as client:
+    with Client(project) as client:
         version = client.models.register(
-            args.name, model, aliases=args.aliases, metadata=metadata, inputs=inputs
+            name, model, aliases=list(aliases), metadata=metadata, inputs=names
         )
     print(f"registered {version.label} sha256:{version.sha256[:16]} inputs: "
           f"{version.schema.describe()}")  # fmt: skip
     return 0
 
 
-def _alias(args: argparse.Namespace) -> int:
-    with Client(args.project) as client:
-        change = client.models.set_alias(args.name, args.alias, args.version, by=_user())
-    print(f"{args.name}: {change.alias} -> v{change.version} (was "
+@models_group.command("alias")
+@_NAME
+@click.argument("alias", help="the alias to move, e.g. prod")
+@click.argument("version", type=int, help="the version it points at from now")
+@project_option
+def alias_command(name: str, alias: str, version: int, project: str) -> int:
+    """Point an alias at a version."""
+    with Client(project) as client:
+        change = client.models.set_alias(name, alias, version, by=_user())
+    print(f"{name}: {change.alias} -> v{change.version} (was "
           f"{'-' if change.previous is None else f'v{change.previous}'})")  # fmt: skip
     return 0
 
 
-def _rollback(args: argparse.Namespace) -> int:
-    with Client(args.project) as client:
-        change = client.models.rollback(args.name, args.alias, by=_user())
-    print(f"{args.name}: {change.alias} rolled back to v{change.version} (was v{change.previous})")
+@models_group.command("rollback")
+@_NAME
+@click.argument("alias", help="the alias to move back, e.g. prod")
+@project_option
+def rollback_command(name: str, alias: str, project: str) -> int:
+    """Point an alias back where it was before."""
+    with Client(project) as client:
+        change = client.models.rollback(name, alias, by=_user())
+    print(f"{name}: {change.alias} rolled back to v{change.version} (was v{change.previous})")
     return 0
 
 
-def _history(args: argparse.Namespace) -> int:
-    with Client(args.project) as client:
-        for change in client.models.history(args.name):
+@models_group.command("history")
+@_NAME
+@project_option
+def history_command(name: str, project: str) -> int:
+    """Every alias change, with its time."""
+    with Client(project) as client:
+        for change in client.models.history(name):
             previous = "-" if change.previous is None else f"v{change.previous}"
             by = f"  by {change.changed_by}" if change.changed_by else ""
             print(f"{change.changed_at.isoformat(timespec='seconds')}  {change.action:<8}  "
                   f"{change.alias}: {previous} -> v{change.version}{by}")  # fmt: skip
     return 0
+
+
+@models_group.command("predict")
+@_NAME
+@project_option
+@click.option("--rows", required=True, help="JSON list of objects or lists, or @file")
+@_pick
+def predict_command(
+    name: str, project: str, rows: str, version: int | None, alias: str | None
+) -> int:
+    """Predict rows given as JSON."""
+    text = Path(rows[1:]).read_text() if rows.startswith("@") else rows
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise KairosError(f"--rows is not JSON ({error}); e.g. '[{{\"a\": 1.0}}]'") from None
+    with Client(project) as client:
+        record = client.models.get(name, version, alias)
+        predictions = client.models.predict(name, parsed, version=record.version)
+    print(json.dumps({"model": record.label, "predictions": predictions.tolist()}))
+    return 0
+
+
+@models_group.command("score")
+@_NAME
+@project_option
+@click.option("--data", required=True, help="Parquet file with the model's inputs")
+@click.option("--output", required=True, help="Parquet file to write")
+@click.option("--column", default="prediction", show_default=True, help="the predictions' column")
+@_pick
+def score_command(
+    name: str,
+    project: str,
+    data: str,
+    output: str,
+    column: str,
+    version: int | None,
+    alias: str | None,
+) -> int:
+    """Batch-score a Parquet file into another."""
+    with Client(project) as client:
+        record = client.models.get(name, version, alias)
+        table = client.models.score(
+            name, data, version=record.version, column=column, output=output
+        )
+    print(f"scored {table.num_rows} rows with {record.label} -> {output}", file=sys.stderr)
+    return 0
+
+
+_EXTENSIONS = {
+    ".onnx": "onnx",
+    ".skops": "skops",
+    ".ubj": "xgboost-ubj",
+    ".json": "xgboost-json",
+    ".txt": "lightgbm-text",
+    ".cbm": "catboost-cbm",
+}
 
 
 def _user() -> str | None:
@@ -169,28 +226,3 @@ def _user() -> str | None:
         return getpass.getuser() or None
     except (OSError, KeyError):  # no login name and no passwd entry (some containers)
         return None
-
-
-def _predict(args: argparse.Namespace) -> int:
-    text = args.rows
-    if text.startswith("@"):
-        text = Path(text[1:]).read_text()
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise KairosError(f"--rows is not JSON ({error}); e.g. '[{{\"a\": 1.0}}]'") from None
-    with Client(args.project) as client:
-        record = client.models.get(args.name, args.version, args.alias)
-        predictions = client.models.predict(args.name, rows, version=record.version)
-    print(json.dumps({"model": record.label, "predictions": predictions.tolist()}))
-    return 0
-
-
-def _score(args: argparse.Namespace) -> int:
-    with Client(args.project) as client:
-        record = client.models.get(args.name, args.version, args.alias)
-        table = client.models.score(
-            args.name, args.data, version=record.version, column=args.column, output=args.output
-        )
-    print(f"scored {table.num_rows} rows with {record.label} -> {args.output}", file=sys.stderr)
-    return 0

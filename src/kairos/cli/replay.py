@@ -6,43 +6,85 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-from typing import Any
+from collections.abc import Sequence
 
+import click
+
+from kairos.cli.options import Command, json_option, project_option
 from kairos.client.client import Client
 from kairos.errors import KairosError
 
 
-def add_replay_command(commands: Any) -> None:
-    replay = commands.add_parser(
-        "replay", help="re-run logged decisions with another model version"
-    )
-    replay.add_argument("--project", default=".", help="project folder (default: .)")
-    replay.add_argument("--since", help="decisions from this ISO time or duration ago (1d)")
-    replay.add_argument("--until", help="decisions before this ISO time or duration ago")
-    replay.add_argument(
-        "--entity", action="append", default=[], metavar="FEATURE=KEY", help="e.g. user.id=u1"
-    )
-    replay.add_argument("--id", dest="query_ids", action="append", metavar="QUERY_ID")
-    replay.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        metavar="NAME@VERSION",
-        help="run this model version (risk@v2) or alias (risk@prod)",
-    )
-    replay.add_argument(
-        "--recompute", action="append", default=[], metavar="FEATURE",
-        help="recompute a feature from the logged values",
-    )  # fmt: skip
-    replay.add_argument("--limit", type=int, default=100_000)
-    replay.add_argument("--output", help="write the report (Markdown) to this file")
-    replay.add_argument("--json", action="store_true", help="print the summary as JSON")
-    replay.set_defaults(run=_replay)
+@click.command("replay", cls=Command)
+@project_option
+@click.option("--since", help="decisions from this ISO time or duration ago (1d)")
+@click.option("--until", help="decisions before this ISO time or duration ago")
+@click.option(
+    "--entity", multiple=True, metavar="FEATURE=KEY", help="decisions about this entity: user.id=u1"
+)
+@click.option(
+    "--id", "query_ids", multiple=True, metavar="QUERY_ID",
+    help="this logged decision (repeatable), instead of --since",
+)  # fmt: skip
+@click.option(
+    "--model", multiple=True, metavar="NAME@VERSION",
+    help="run this model version (risk@v2) or alias (risk@prod)",
+)  # fmt: skip
+@click.option(
+    "--recompute", multiple=True, metavar="FEATURE",
+    help="recompute a feature from the logged values",
+)  # fmt: skip
+@click.option(
+    "--limit", type=int, default=100_000, show_default=True, help="re-run at most this many"
+)
+@click.option("--output", help="write the report (Markdown) to this file")
+@json_option("the summary")
+def replay_command(
+    project: str,
+    since: str | None,
+    until: str | None,
+    entity: tuple[str, ...],
+    query_ids: tuple[str, ...],
+    model: tuple[str, ...],
+    recompute: tuple[str, ...],
+    limit: int,
+    output: str | None,
+    as_json: bool,
+) -> int:
+    """Re-run logged decisions with another model version."""
+    keys = {}
+    for pair in entity:
+        name, sep, key = pair.partition("=")
+        if not sep:
+            raise KairosError(f"--entity {pair!r} needs a key: --entity {pair}=KEY")
+        keys[name] = key
+    if not query_ids and since is None:
+        raise KairosError("say which decisions: --since 1d (and --until, --entity) or --id ID")
+    with Client(project) as client:
+        result = client.replay(
+            list(query_ids) or None,
+            since=since,
+            until=until,
+            entity=keys or None,
+            limit=limit,
+            models=model_pins(model),
+            recompute=list(recompute),
+        )
+    report = result.to_markdown()
+    if output:
+        with open(output, "w", encoding="utf-8") as out:
+            out.write(report)
+    if as_json:
+        print(json.dumps(result.summary(), default=str, indent=2))
+    else:
+        print(report, end="")
+        if output:
+            print(f"report written to {output}")
+    return 0
 
 
-def model_pins(specs: list[str]) -> dict[str, int | str]:
+def model_pins(specs: Sequence[str]) -> dict[str, int | str]:
     """`["risk@v2", "fraud@prod"]` -> `{"risk": 2, "fraud": "prod"}`."""
     pins: dict[str, int | str] = {}
     for spec in specs:
@@ -52,35 +94,3 @@ def model_pins(specs: list[str]) -> dict[str, int | str]:
         version = at[1:] if at[:1] == "v" else ""
         pins[name] = int(version) if version.isdigit() else at
     return pins
-
-
-def _replay(args: argparse.Namespace) -> int:
-    entity = {}
-    for pair in args.entity:
-        name, sep, key = pair.partition("=")
-        if not sep:
-            raise KairosError(f"--entity {pair!r} needs a key: --entity {pair}=KEY")
-        entity[name] = key
-    if args.query_ids is None and args.since is None:
-        raise KairosError("say which decisions: --since 1d (and --until, --entity) or --id ID")
-    with Client(args.project) as client:
-        result = client.replay(
-            args.query_ids,
-            since=args.since,
-            until=args.until,
-            entity=entity or None,
-            limit=args.limit,
-            models=model_pins(args.model),
-            recompute=args.recompute,
-        )
-    report = result.to_markdown()
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as out:
-            out.write(report)
-    if args.json:
-        print(json.dumps(result.summary(), default=str, indent=2))
-    else:
-        print(report, end="")
-        if args.output:
-            print(f"report written to {args.output}")
-    return 0

@@ -1,5 +1,6 @@
-"""Plain text tables of the command line: a grid of left-aligned columns, how a value reads
-in one of its cells, and long text cut to fit one.
+"""Tables of the command line: rich's on a terminal (bold headers, columns fitted to the
+window), a plain grid of left-aligned columns when piped or captured (what scripts and tests
+read), how a value reads in one of its cells, and long text cut to fit one.
 
     >>> print(grid(("feature", "value"), [("user.risk", cell(0.25)), ("user.name", cell(None))]))
     feature    value
@@ -13,6 +14,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from kairos.cli.console import console
+
+
+def show(headers: Sequence[str], rows: Sequence[Sequence[str]], out: Console | None = None) -> None:
+    """Print a table on `out` (stdout): rich's on a styled terminal, else `grid`'s text."""
+    out = out or console()
+    if not (out.is_terminal and out.color_system is not None):
+        print(grid(headers, rows), file=out.file, flush=True)
+        return
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold cyan", show_edge=False, pad_edge=False)
+    for header in headers:
+        table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
 
 
 def grid(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
