@@ -32,12 +32,13 @@ from kairos.client.events import (
     typed_events,
 )
 from kairos.client.fingerprint import definitions_fingerprint
-from kairos.client.inputs import check_inputs
+from kairos.client.inputs import bulk_columns, check_inputs
 from kairos.client.llm import GatewayCompleter
 from kairos.client.models import Models
 from kairos.client.offline import Datasets, OfflineResult, Progress, Recompute, offline_query
 from kairos.client.project import Project
 from kairos.client.ray_engine import Rebuild, recompute_engine
+from kairos.client.remote import RemoteClient
 from kairos.client.replay import ReplayResult, replay, replay_runtime
 from kairos.client.runtime import FeatureNames, OfflineHistory, Runtime, plan_with
 from kairos.client.vectors import VectorFeatures
@@ -88,12 +89,38 @@ class Client:
     >>> client = kr.Client("examples/fraud")  # doctest: +SKIP
     >>> r = client.query(input={User.id: "u1"}, output=[User.risk])  # doctest: +SKIP
     >>> r.get_value(User.risk), r.meta.query_id, r.trace  # doctest: +SKIP
+
+    With `url=` (and the server's `key=`) it is a `RemoteClient` of a `kairos serve` instead:
+    the same queries, log and models over HTTP (kairos.client.remote).
     """
+
+    def __new__(
+        cls, project: Any = None, *, url: str | None = None, key: str | None = None, **options: Any
+    ) -> Any:
+        if url is None:
+            if key is not None:
+                raise InvalidInput(
+                    "key= is the key of a kairos server: pass its url= too, e.g. "
+                    "kr.Client(url='http://127.0.0.1:8000', key=...)",
+                    field="key",
+                )
+            return super().__new__(cls)
+        given = (["project"] if project is not None else []) + sorted(options)
+        if given:
+            raise InvalidInput(
+                f"kr.Client(url=...) is a client of a kairos server, which has the project "
+                f"and its stores; leave out {', '.join(given)} (or url=, for an embedded "
+                "client)",
+                field=given[0],
+            )
+        return RemoteClient(url, key=key)
 
     def __init__(
         self,
         project: str | Path | Project | None = None,
         *,
+        url: str | None = None,  # a RemoteClient is made instead (__new__)
+        key: str | None = None,
         definitions: Iterable[Any] = (),
         config: Config | None = None,
         online_store: str | OnlineStore | None = None,
@@ -314,7 +341,8 @@ class Client:
         if not isinstance(input, Mapping):
             raise InvalidInput(
                 "input must be a mapping of feature -> value, e.g. "
-                "{User.id: 'u1'}; for many entities use query_bulk"
+                "{User.id: 'u1'}; for many entities use query_bulk",
+                field="input",
             )
         columns = {self.name(k): [v] for k, v in input.items()}
         bulk = await self._run(columns, 1, output, now, staleness, query_id)
@@ -356,7 +384,7 @@ class Client:
         staleness: Mapping[Any, DurationLike] | None = None,
         query_id: str | None = None,
     ) -> BulkResult:
-        columns = self._columns(input)
+        columns = bulk_columns(input, self.name)
         rows = len(next(iter(columns.values()))) if columns else 0
         return await self._run(columns, rows, output, now, staleness, query_id, "bulk")
 
@@ -619,40 +647,6 @@ class Client:
             )
         )
 
-    def _columns(
-        self, input: Mapping[Any, Sequence[Any]] | Sequence[Mapping[Any, Any]]
-    ) -> dict[str, list[Any]]:
-        if isinstance(input, Mapping):
-            columns = {}
-            for key, values in input.items():
-                if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-                    raise InvalidInput(
-                        f"input {self.name(key)!r} of a bulk query must be a list of values, "
-                        f"one per entity; got {type(values).__name__}"
-                    )
-                columns[self.name(key)] = list(values)
-        elif isinstance(input, Sequence) and not isinstance(input, str | bytes):
-            names = [[self.name(k) for k in row] for row in input]
-            keys = list(dict.fromkeys(k for row in names for k in row))
-            columns = {k: [] for k in keys}
-            for index, row in enumerate(input):
-                if not isinstance(row, Mapping) or len(row) != len(keys):
-                    raise InvalidInput(
-                        f"bulk input row {index} must set the same features as the others "
-                        f"({', '.join(keys)})"
-                    )
-                for key, value in row.items():
-                    columns[self.name(key)].append(value)
-        else:
-            raise InvalidInput("bulk input must be {feature: [values...]} or a list of rows")
-        lengths = {len(v) for v in columns.values()}
-        if len(lengths) > 1:
-            raise InvalidInput(
-                "bulk input columns have different lengths: "
-                + ", ".join(f"{k}={len(v)}" for k, v in columns.items())
-            )
-        return columns
-
     async def _run(
         self,
         columns: dict[str, list[Any]],
@@ -677,7 +671,9 @@ class Client:
     ) -> BulkResult:
         started = time.perf_counter()
         if isinstance(output, str | bytes) or not isinstance(output, Sequence | set | frozenset):
-            raise InvalidInput("output must be a list of features, e.g. output=[User.balance]")
+            raise InvalidInput(
+                "output must be a list of features, e.g. output=[User.balance]", field="output"
+            )
         if query_id is not None:
             await self._check_query_id(query_id)
         when = _now(now)
@@ -860,7 +856,7 @@ def _now(now: datetime | None) -> datetime:
     if now is None:
         return datetime.now(UTC)
     if not isinstance(now, datetime):
-        raise InvalidInput(f"now={now!r} must be a datetime")
+        raise InvalidInput(f"now={now!r} must be a datetime", field="now")
     try:
         return to_utc(now)
     except InvalidValue as error:

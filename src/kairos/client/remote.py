@@ -428,7 +428,7 @@ class RemoteClient:
     def _policy(self, call: Call[Any]) -> dict[str, Any]:
         return {
             "stop": stop_after_attempt(self._attempts if call.idempotent else 1),
-            "wait": wait_exponential_jitter(initial=self._backoff, max=2.0, jitter=self._backoff),
+            "wait": wait_exponential_jitter(multiplier=self._backoff, max=2.0, jitter=self._backoff),
             "retry": retry_if_exception_type(
                 (_Transient, httpx.ConnectError, httpx.ConnectTimeout)
             ),

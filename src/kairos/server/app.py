@@ -32,7 +32,13 @@ from kairos.errors import (
     UnknownFeature,
 )
 from kairos.http.access import log_access
-from kairos.server.bodies import HTTPProblem, json_response, problem_response, read_json
+from kairos.server.bodies import (
+    HTTPProblem,
+    json_response,
+    problem_response,
+    read_json,
+    wants_tagged,
+)
 from kairos.server.metrics import Metrics
 from kairos.server.models_routes import model_routes
 from kairos.server.openapi import openapi_document
@@ -227,7 +233,7 @@ class Server:
         options = _options(body)
         result = await self.client.query_async(_inputs(body), _outputs(body), **options)
         self.observe_query(request, result)
-        return json_response(result.to_dict())
+        return json_response(result.to_dict(), tagged=wants_tagged(request))
 
     async def query_bulk(self, request: Request) -> Response:
         body = await read_json(request)
@@ -242,7 +248,7 @@ class Server:
             )
         result = await self.client.query_bulk_async(inputs, _outputs(body), **options)
         self.observe_query(request, result)
-        return json_response(result.to_dict())
+        return json_response(result.to_dict(), tagged=wants_tagged(request))
 
     def observe_query(self, request: Request, result: Any) -> None:
         meta = result.meta
@@ -309,7 +315,8 @@ class Server:
         result = await self.client.offline_query_async(
             spine, _outputs(body), timestamp=timestamp, recompute=recompute
         )
-        return json_response(result.to_dict())
+        tagged = wants_tagged(request)
+        return json_response(result.to_dict(schema=tagged), tagged=tagged)
 
     async def write_events(self, request: Request) -> Response:
         body = await read_json(request)
@@ -336,7 +343,7 @@ class Server:
         record = await asyncio.to_thread(self.client.log.get, query_id)
         if record is None:
             raise HTTPProblem(404, "not_found", f"no logged query {query_id!r}", "query_id")
-        return json_response(record.to_dict())
+        return json_response(record.to_dict(), tagged=wants_tagged(request))
 
     async def log_search(self, request: Request) -> Response:
         """Decisions newest first: `?entity=user.id:u1&since=1h&model=risk@v2&limit=50`."""
@@ -345,7 +352,9 @@ class Server:
         except InvalidInput as error:
             raise HTTPProblem(400, "invalid_query", str(error), error.field) from None
         records = await asyncio.to_thread(self.client.log.store.search, search)
-        return json_response({"records": [record.to_dict() for record in records]})
+        return json_response(
+            {"records": [record.to_dict() for record in records]}, tagged=wants_tagged(request)
+        )
 
     def ui(self) -> UI:
         """The dashboard over this server's client, keys, traffic and streams."""
