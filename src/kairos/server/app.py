@@ -380,9 +380,21 @@ class Server:
                 # the probe is public: details (hosts, paths) only for an authorized caller
                 detail = f"{type(error).__name__}: {error}"
                 problems[name] = detail if self.authorized(request) else "unavailable"
+        # the project's LLM deployments: starting or failed is not ready; an engine this
+        # install lacks is reported (its features say what to install) but serves the rest
+        deployments, waiting = {}, []
+        for name, found in self.client.llm.deployments.status().items():
+            detail = f": {found.error}" if found.error and self.authorized(request) else ""
+            deployments[name] = found.state + detail
+            if found.state in ("starting", "failed"):
+                waiting.append(found.state)
+        body: dict[str, Any] = {"deployments": deployments} if deployments else {}
         if problems:
-            return json_response({"status": "unavailable", "sources": problems}, 503)
-        return json_response({"status": "ready"})
+            return json_response({"status": "unavailable", "sources": problems, **body}, 503)
+        if waiting:
+            status = "starting" if set(waiting) == {"starting"} else "unavailable"
+            return json_response({"status": status, **body}, 503)
+        return json_response({"status": "ready", **body})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
@@ -437,6 +449,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        client.llm.deployments.start_all()  # LLM replicas load meanwhile (/readyz says)
         await asyncio.to_thread(client.models.warm)  # models load before the first query
         await asyncio.to_thread(client.llm.warm)  # and the tokenizers LLM features count with
         stop = asyncio.Event()  # the project's streams, consumed while the server runs

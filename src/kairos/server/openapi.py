@@ -281,11 +281,14 @@ def openapi_document() -> dict[str, Any]:
             },
             "/readyz": {
                 "get": {
-                    "summary": "Sources reachable",
+                    "summary": "Sources reachable, the project's LLM deployments serving",
                     "security": [],
                     "responses": {
                         "200": {"description": "Ready"},
-                        "503": {"description": "A source is unreachable"},
+                        "503": {
+                            "description": "A source is unreachable, or a deployment is "
+                            "starting or failed to start"
+                        },
                     },
                 }
             },

@@ -11,11 +11,11 @@ does the HTTP (its errors are the gateway's `UpstreamError`s, so failover and br
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from kairos.gateway.config import ProviderConfig
-from kairos.gateway.errors import UpstreamError
+from kairos.gateway.errors import GatewayConfigError, UpstreamError
 from kairos.gateway.messages import tokenizer_count
 from kairos.gateway.openai_compatible import OpenAICompatible
 from kairos.serving.errors import DeploymentError
@@ -35,6 +35,31 @@ def gateway_entries(name: str, **deployment: Any) -> dict[str, Any]:
         "providers": {name: {"kind": "openai", "base_url": PLACEHOLDER_URL}},
         "models": {name: {"deployments": [{"provider": name, "model": name, **deployment}]}},
     }
+
+
+def with_groups(section: Mapping[str, Any], names: Iterable[str], where: str) -> dict[str, Any]:
+    """The `gateway:` section `section` with each deployment group in `names` added as one
+    model group of that name (`gateway_entries`), free unless `section["prices"]` names it.
+
+    A group named like a provider or model group the section already has is refused (the
+    message starts with `where`).
+
+    >>> with_groups({"aliases": {"local": "gemma"}}, ["gemma"], "kairos.yaml")["aliases"]
+    {'local': 'gemma'}
+    """
+    providers, models = dict(section.get("providers") or {}), dict(section.get("models") or {})
+    prices = section.get("prices") or {}
+    for name in names:
+        if name in providers or name in models:
+            raise GatewayConfigError(
+                f"{where}: the gateway already has a provider or model group {name!r}; give "
+                "the deployment another name"
+            )
+        free = {} if name in prices else {"price": {"input": 0, "output": 0}}
+        entries = gateway_entries(name, **free)
+        providers.update(entries["providers"])
+        models.update(entries["models"])
+    return {**section, "providers": providers, "models": models}
 
 
 class DeploymentProvider:

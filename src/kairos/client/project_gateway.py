@@ -1,0 +1,171 @@
+"""The project's own gateway, as a client builds it from kairos.yaml: the `gateway:` section
+with every `deployments:` entry registered as a model group of its name (free unless
+`gateway.prices` names it), the pepper its keys are hashed with, and the key the project's
+LLM features spend.
+
+    gateway:
+      aliases: {local/gemma-270m: gemma-270m}   # what features call -> the deployment's group
+    deployments:
+      gemma-270m: {engine: llamacpp, model: gemma3-270m, replicas: 1, threads: 2, ctx: 4096}
+    llm:
+      budgets: [{period: day, tokens: 200000}]  # optional: the features' key's budgets
+
+The pepper: `gateway.pepper_env` names it when set. Without it, a gateway whose registry is a
+local SQLite file (nothing leaves the machine) gets a random pepper kept in
+`.kairos/gateway.pepper`, made once with mode 0600 and refused if others may read it; a
+gateway with a shared registry (PostgreSQL) must name `pepper_env`.
+
+The features' key: without `llm.key_env` the client keeps one named key, `kairos-features`,
+in the registry: its allow-list is the model groups the project's LLM features call (their
+fallbacks too), its budgets `llm.budgets`. Every process of the project (each `kairos serve
+--workers` process, a `kairos query`) uses the same record, so budgets count across them and
+across restarts; it is re-issued (the previous one revoked) only when the allow-list or
+budgets change. The client calls the gateway in process with the record itself: its secret
+is never shown, logged or stored, and a revoke (the dashboard, `kairos gateway keys revoke`)
+stops the features within the gateway's `key_cache`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import stat
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kairos.backends import parse
+from kairos.errors import KairosError, ProjectError
+from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway.errors import InvalidKeySpec
+from kairos.gateway.keys import KeyRecord, key_spec
+from kairos.serving.group_provider import with_groups
+
+FEATURES_KEY = "kairos-features"  # the name of the key LLM features spend
+PEPPER_FILE = Path(".kairos") / "gateway.pepper"
+
+
+def gateway_section(folder: Path, deployments: Iterable[str]) -> dict[str, Any] | None:
+    """The `gateway:` section of `folder`'s kairos.yaml with the deployments registered in it
+    (a project with deployments and no section gets the defaults), or None without either."""
+    names = list(deployments)
+    path = folder / "kairos.yaml"
+    raw = yaml.safe_load(path.read_text()) if path.exists() else None
+    section = raw.get("gateway") if isinstance(raw, dict) else None
+    if section is None and not names:
+        return None
+    if not isinstance(section, dict | None):
+        raise ProjectError(f"{path}: `gateway` is a mapping of settings (see kairos.gateway)")
+    return with_groups(section or {}, names, f"{path} deployments")
+
+
+def gateway_config(folder: Path, section: Mapping[str, Any]) -> GatewayConfig:
+    """The configuration of the project's own gateway, its pepper filled in (module doc)."""
+    config = GatewayConfig.from_mapping(
+        section, base_dir=folder, where=f"{folder / 'kairos.yaml'} gateway"
+    )
+    if config.pepper or section.get("pepper_env") is not None:
+        return config
+    if not _local_file(config.registry):
+        return config  # creating a key then says to set pepper_env
+    return dataclasses.replace(config, pepper=local_pepper(folder / PEPPER_FILE))
+
+
+def local_pepper(path: Path) -> str:
+    """The pepper kept in `path`: read, or made (random, mode 0600) when it is not there yet.
+    Several processes starting at once agree: one creates the file, the others read it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(descriptor, "w") as file:
+            file.write(secrets.token_urlsafe(32))
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KairosError(
+            f"{path} holds the gateway's pepper but others may read it (mode "
+            f"{stat.S_IMODE(mode):o}); run `chmod 600 {path}`"
+        )
+    for _ in range(50):  # another process may be writing it this instant
+        pepper = path.read_text().strip()
+        if pepper:
+            return pepper
+        os.sched_yield()
+    raise KairosError(f"{path} is empty; delete it and a new pepper is made")
+
+
+def _local_file(url: str) -> bool:
+    return parse(url).family == "sqlite"
+
+
+def allowed_groups(config: GatewayConfig, models: Iterable[str]) -> list[str]:
+    """The model groups calls for `models` may be dispatched to: each one's group and its
+    fallbacks (the allow-list is checked on the group that serves). A name the gateway does
+    not know stays as it is (its call fails naming it)."""
+    found: list[str] = []
+    for model in models:
+        pending = [config.aliases.get(model, model)]
+        while pending:
+            group = pending.pop(0)
+            if group in found:
+                continue
+            found.append(group)
+            if group in config.models:
+                pending += config.models[group].fallbacks
+    return sorted(found)
+
+
+def check_budgets(budgets: Any, where: str) -> tuple[dict[str, Any], ...]:
+    """`llm.budgets` as the admin API takes them, checked now (errors name the budget)."""
+    if not isinstance(budgets, list):
+        raise ProjectError(f"{where} is a list, e.g. [{{period: day, tokens: 200000}}]")
+    try:
+        key_spec({"name": FEATURES_KEY, "budgets": budgets})
+    except InvalidKeySpec as error:
+        raise ProjectError(f"{where}: {error}") from None
+    return tuple(dict(budget) for budget in budgets)
+
+
+async def features_key(
+    gateway: Gateway, models: Sequence[str], budgets: Sequence[Mapping[str, Any]]
+) -> KeyRecord:
+    """The `kairos-features` key record for these models and budgets (module doc): the
+    active one that fits, else a new one; every other active key of that name is revoked.
+    Processes that create one at once keep the oldest (the same one in each)."""
+    if not gateway.config.pepper:
+        raise KairosError(
+            "the project's gateway keeps its keys in a shared registry "
+            f"({gateway.config.registry.partition(':')[0]}): set gateway.pepper_env in "
+            "kairos.yaml to a variable holding its pepper (or set llm.key_env)"
+        )
+    body = {
+        "name": FEATURES_KEY,
+        "models": allowed_groups(gateway.config, models) or ["*"],
+        "budgets": [dict(b) for b in budgets],
+    }
+    wanted = key_spec(body)
+
+    def fits(record: KeyRecord) -> bool:
+        return (record.models, record.budgets, record.rpm, record.tpm, record.expires_at) == (
+            wanted["models"], wanted["budgets"], None, None, None,
+        )  # fmt: skip
+
+    async def ours() -> list[KeyRecord]:
+        now = datetime.now(UTC)
+        return [k for k in await gateway.list_keys() if k.name == FEATURES_KEY and k.active(now)]
+
+    found = await ours()
+    if not any(fits(k) for k in found):
+        await gateway.create_key(**body)  # its secret is dropped: calls carry the record
+        found = await ours()
+    chosen = min((k for k in found if fits(k)), key=lambda k: (k.created_at, k.id))
+    for record in found:
+        if record.id != chosen.id:
+            await gateway.revoke_key(record.id)
+    return chosen
