@@ -43,7 +43,7 @@ def one(exporter: InMemorySpanExporter, prefix: str) -> ReadableSpan:
 
 def children(exporter: InMemorySpanExporter, parent: ReadableSpan) -> list[ReadableSpan]:
     """The finished spans whose parent is `parent` (same trace), in the order they started."""
-    context = parent.get_span_context()
+    context = parent.context
     found = [
         s
         for s in exporter.get_finished_spans()
