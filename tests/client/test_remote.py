@@ -3,6 +3,7 @@ remote one of a real server (uvicorn on a free port) over the same project, and 
 with the same types. Then what only a remote client has: keys, retries, an unreachable URL."""
 
 import asyncio
+import json
 import socket
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -24,6 +25,7 @@ import kairos as kr
 from examples.fraud.features import User
 from examples.fraud.generate import ANCHOR
 from examples.fraud.train import INPUTS
+from kairos.cli.main import main
 from kairos.client.offline import OfflineResult
 from kairos.client.remote import RemoteClient, ServerUnavailable, Unauthorized
 from kairos.engine.result import BulkResult, FeatureError, NodeTiming, QueryResult
@@ -335,3 +337,19 @@ def test_idempotent_calls_are_retried_after_a_503_and_queries_are_not(
         with pytest.raises(BackendUnavailable, match="restarting"):
             remote.query(input={"user.id": "u1"}, output=["user.name"])
         assert server.hits["/v1/query/online"] == 1  # a query is a logged decision: sent once
+
+
+def test_kairos_query_with_url_asks_the_server_through_the_remote_client(
+    served: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KAIROS_API_KEY", REMOTE_KEY)
+    argv = ["query", "--url", served.url, "--in", "user.id=u0010", "--out", "user.name"]
+    assert main([*argv, "--now", ANCHOR.isoformat(), "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["values"] == {"user.name": "User 10"}
+    assert body["now"] == ANCHOR.isoformat()
+    assert main([*argv, "--out", "user.nmae"]) == 2  # the server's UnknownFeature, one line
+    assert "user.name" in capsys.readouterr().err
+    monkeypatch.setenv("KAIROS_API_KEY", "wrong")
+    assert main(argv) == 2
+    assert "refused the key" in capsys.readouterr().err

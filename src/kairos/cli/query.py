@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -81,17 +79,16 @@ def query_command(
     except ValueError:
         raise KairosError(f"--now {now!r} is not an ISO time, e.g. 2026-06-01T12:00:00Z") from None
     values = parse_inputs(inputs)
-    if url:
-        body = _remote(url, values, list(outputs), moment)
-        if as_json:
-            print(json.dumps(body, indent=2))
-        else:
-            _print_remote(body)
-        return 1 if body["errors"] else 0
-    with Client(project) as client:
-        if explain:
-            print(client.explain(list(values), list(outputs)), end="\n\n")
-        result = client.query(typed(client, values, outputs), list(outputs), now=moment)
+    if url:  # the same calls over HTTP, answered as the same types
+        with Client(url=url, key=os.environ.get("KAIROS_API_KEY") or None) as remote:
+            if explain:
+                print(remote.explain(list(values), list(outputs)), end="\n\n")
+            result = remote.query(values, list(outputs), now=moment)
+    else:
+        with Client(project) as client:
+            if explain:
+                print(client.explain(list(values), list(outputs)), end="\n\n")
+            result = client.query(typed(client, values, outputs), list(outputs), now=moment)
     if as_json:
         print(_json(result))
     else:
@@ -139,43 +136,6 @@ def typed(client: Client, inputs: dict[str, Any], outputs: Sequence[str]) -> dic
         kind = column.info.type.kind if column.info.type else "any"
         converted[name] = str(value) if kind == "str" and not isinstance(value, str) else value
     return converted
-
-
-def _remote(url: str, inputs: dict[str, Any], outputs: list[str], now: datetime | None) -> Any:
-    body: dict[str, Any] = {"inputs": inputs, "outputs": outputs}
-    if now is not None:
-        body["now"] = now.isoformat()
-    request = urllib.request.Request(
-        url.rstrip("/") + "/v1/query/online",
-        data=json.dumps(body).encode(),
-        headers={"content-type": "application/json"},
-    )
-    token = os.environ.get("KAIROS_API_KEY")
-    if token:
-        request.add_header("authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        detail = json.loads(error.read() or b"{}").get("error", {})
-        raise KairosError(
-            f"server said {error.code}: {detail.get('message', error.reason)}"
-        ) from None
-    except urllib.error.URLError as error:
-        raise KairosError(f"cannot reach {url}: {error.reason}") from None
-
-
-def _print_remote(body: dict[str, Any]) -> None:
-    rows = [
-        (name, cell(f["value"]), f["source"] or "-", str(f["observed_at"] or "-"))
-        for name, f in body["features"].items()
-    ]
-    show(("feature", "value", "source", "observed_at"), rows)
-    for error in body["errors"]:
-        _error_line(error["feature"], error["code"], error["message"])
-    for line in breakdown(body["meta"].get("llm") or []):
-        print(line)
-    _took(body["query_id"], body["meta"]["duration_ms"])
 
 
 def _print_result(result: QueryResult) -> None:
