@@ -33,11 +33,13 @@ import pytest
 from psycopg import sql
 
 from kairos.errors import KairosError
+from kairos.stores.codec import decode, encode
 from kairos.stores.query_log import (
     BatchedQueryLog,
     LoggedQuery,
     LoggedValue,
     NullQueryLog,
+    PlanInfo,
     QueryLogError,
     query_log_from_url,
 )
@@ -553,6 +555,19 @@ def test_a_records_dict_is_what_the_log_gives_back(tmp_path: Path) -> None:
         log.append(record)
         got = log.get("as-dict")
     assert got is not None and got.to_dict() == record.to_dict()
+
+
+def test_a_record_reads_back_from_its_dict_as_json() -> None:
+    """`from_dict` is `to_dict` undone, from plain JSON (times as ISO text) or from tagged
+    JSON (what a remote client reads): the same record."""
+    record = dataclasses.replace(
+        make_record("from-dict", 3),
+        plan=PlanInfo("fp", "defs", ("user.id",), ("user.balance",), {"user.balance": "v1"}),
+    )
+    plain = orjson.loads(orjson.dumps(record.to_dict()))
+    assert isinstance(plain["now"], str)
+    assert LoggedQuery.from_dict(plain) == record
+    assert LoggedQuery.from_dict(decode(encode(record.to_dict()))) == record
 
 
 def test_each_value_is_stored_once_and_rows_as_columns(tmp_path: Path) -> None:
