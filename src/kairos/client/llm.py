@@ -36,6 +36,7 @@ from kairos.client.deployments import (
 )
 from kairos.client.project_gateway import (
     FEATURES_KEY,
+    current_features_key,
     features_key,
     gateway_config,
     gateway_section,
@@ -155,6 +156,9 @@ class GatewayCompleter:
             elif now - self._checked >= gateway.config.key_cache:
                 found = await gateway.registry.get_key(self._record.id)
                 if found is None or not found.active(datetime.now(UTC)):
+                    # another process of the project may have kept another one
+                    found = await current_features_key(gateway, self._models, self._budgets)
+                if found is None:
                     raise NoGateway(
                         f"the key LLM features spend, {FEATURES_KEY!r} ({self._record.id}), "
                         "was revoked or has expired; restart the client (kairos serve) to "

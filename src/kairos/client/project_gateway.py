@@ -137,35 +137,53 @@ async def features_key(
 ) -> KeyRecord:
     """The `kairos-features` key record for these models and budgets (module doc): the
     active one that fits, else a new one; every other active key of that name is revoked.
-    Processes that create one at once keep the oldest (the same one in each)."""
+    Processes that create one at once keep the oldest each of them sees: one that chose a
+    key another then revoked moves to the survivor (`current_features_key`)."""
     if not gateway.config.pepper:
         raise KairosError(
             "the project's gateway keeps its keys in a shared registry "
             f"({gateway.config.registry.partition(':')[0]}): set gateway.pepper_env in "
             "kairos.yaml to a variable holding its pepper (or set llm.key_env)"
         )
-    body = {
-        "name": FEATURES_KEY,
-        "models": allowed_groups(gateway.config, models) or ["*"],
-        "budgets": [dict(b) for b in budgets],
-    }
-    wanted = key_spec(body)
-
-    def fits(record: KeyRecord) -> bool:
-        return (record.models, record.budgets, record.rpm, record.tpm, record.expires_at) == (
-            wanted["models"], wanted["budgets"], None, None, None,
-        )  # fmt: skip
-
-    async def ours() -> list[KeyRecord]:
-        now = datetime.now(UTC)
-        return [k for k in await gateway.list_keys() if k.name == FEATURES_KEY and k.active(now)]
-
-    found = await ours()
-    if not any(fits(k) for k in found):
+    body = _key_body(gateway.config, models, budgets)
+    found = await _ours(gateway)
+    if not any(_fits(k, body) for k in found):
         await gateway.create_key(**body)  # its secret is dropped: calls carry the record
-        found = await ours()
-    chosen = min((k for k in found if fits(k)), key=lambda k: (k.created_at, k.id))
+        found = await _ours(gateway)
+    chosen = min((k for k in found if _fits(k, body)), key=lambda k: (k.created_at, k.id))
     for record in found:
         if record.id != chosen.id:
             await gateway.revoke_key(record.id)
     return chosen
+
+
+async def current_features_key(
+    gateway: Gateway, models: Sequence[str], budgets: Sequence[Mapping[str, Any]]
+) -> KeyRecord | None:
+    """The active `kairos-features` key that fits, the oldest if several; None when there is
+    none (it was revoked: the features stop until a restart issues a new one)."""
+    body = _key_body(gateway.config, models, budgets)
+    fitting = [k for k in await _ours(gateway) if _fits(k, body)]
+    return min(fitting, key=lambda k: (k.created_at, k.id)) if fitting else None
+
+
+def _key_body(
+    config: GatewayConfig, models: Sequence[str], budgets: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "name": FEATURES_KEY,
+        "models": allowed_groups(config, models) or ["*"],
+        "budgets": [dict(b) for b in budgets],
+    }
+
+
+def _fits(record: KeyRecord, body: Mapping[str, Any]) -> bool:
+    wanted = key_spec(body)
+    return (record.models, record.budgets, record.rpm, record.tpm, record.expires_at) == (
+        wanted["models"], wanted["budgets"], None, None, None,
+    )  # fmt: skip
+
+
+async def _ours(gateway: Gateway) -> list[KeyRecord]:
+    now = datetime.now(UTC)
+    return [k for k in await gateway.list_keys() if k.name == FEATURES_KEY and k.active(now)]
