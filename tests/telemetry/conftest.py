@@ -6,13 +6,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from kairos import telemetry
+from tests.gateway.fake_upstream import ServerThread
 
 
 @pytest.fixture
@@ -70,3 +78,34 @@ def wait_for(exporter: InMemorySpanExporter, prefix: str, timeout: float = 5.0) 
 def attribute_values(found: Sequence[ReadableSpan]) -> list[str]:
     """Every attribute value of these spans, as text (to look for what must not be there)."""
     return [str(v) for s in found for v in (s.attributes or {}).values()]
+
+
+@dataclass
+class Collector:
+    """An OTLP/HTTP collector on a real port: (content type, body) of each POST /v1/traces."""
+
+    url: str = ""
+    received: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def spans(self) -> list[Span]:
+        """Every span exported to it so far."""
+        found = []
+        for _, body in self.received:
+            for resource in ExportTraceServiceRequest.FromString(body).resource_spans:
+                for scope in resource.scope_spans:
+                    found += list(scope.spans)
+        return found
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    found = Collector()
+
+    async def traces(request: Request) -> Response:
+        found.received.append((request.headers.get("content-type", ""), await request.body()))
+        return Response(b"", 200, media_type="application/x-protobuf")
+
+    app = Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])])
+    with ServerThread(app) as server:
+        found.url = server.url
+        yield found

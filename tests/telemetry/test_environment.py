@@ -10,19 +10,14 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from kairos import telemetry
-from tests.gateway.fake_upstream import ServerThread
+from tests.telemetry.conftest import Collector
 
 OTEL_VARIABLES = (
     "OTEL_SDK_DISABLED",
@@ -92,24 +87,10 @@ def test_console_exports_spans_with_the_sdks_resource(
     named.shutdown()
 
 
-@pytest.fixture
-def collector() -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
-    """An OTLP/HTTP collector: keeps (content type, body) of every POST /v1/traces."""
-    received: list[tuple[str, bytes]] = []
-
-    async def traces(request: Request) -> Response:
-        received.append((request.headers.get("content-type", ""), await request.body()))
-        return Response(b"", 200, media_type="application/x-protobuf")
-
-    app = Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])])
-    with ServerThread(app) as server:
-        yield server.url, received
-
-
 def test_otlp_exports_over_http_to_the_endpoint_the_sdk_reads(
-    environment: pytest.MonkeyPatch, collector: tuple[str, list[tuple[str, bytes]]]
+    environment: pytest.MonkeyPatch, collector: Collector
 ) -> None:
-    url, received = collector
+    url, received = collector.url, collector.received
     made = provider(
         environment,
         OTEL_TRACES_EXPORTER="otlp",

@@ -34,6 +34,7 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -48,6 +49,7 @@ from kairos.serving.openai_request import (
     completion_request,
     tokenize_request,
 )
+from kairos.telemetry import ServerSpans, from_environment
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,7 @@ class Worker:
         self.engine = LlamaCppEngine(config.engine, self.metrics)
         self.created = int(time.time())
         self.failed = asyncio.Event()
+        from_environment()  # OTEL_* (a supervisor's workers inherit its environment)
 
     def app(self) -> Starlette:
         routes = [
@@ -82,7 +85,12 @@ class Worker:
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
         ]
         handlers = {HTTPException: _http_error}
-        return Starlette(routes=routes, lifespan=self._lifespan, exception_handlers=handlers)
+        return Starlette(
+            routes=routes,
+            lifespan=self._lifespan,
+            exception_handlers=handlers,
+            middleware=[Middleware(ServerSpans)],  # continues the gateway's traceparent
+        )
 
     @asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
