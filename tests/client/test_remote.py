@@ -18,7 +18,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 import kairos as kr
@@ -27,7 +27,7 @@ from examples.fraud.generate import ANCHOR
 from examples.fraud.train import INPUTS
 from kairos.cli.main import main
 from kairos.client.offline import OfflineResult
-from kairos.client.remote import RemoteClient, ServerUnavailable, Unauthorized
+from kairos.client.remote import RemoteClient, RemoteError, ServerUnavailable, Unauthorized
 from kairos.engine.result import BulkResult, FeatureError, NodeTiming, QueryResult
 from kairos.errors import BackendUnavailable, InvalidInput, KairosError, UnknownFeature
 from kairos.models.errors import UnknownModel
@@ -304,8 +304,14 @@ class Flaky:
                 Route("/v1/log/{query_id}", self.answer, methods=["GET"]),
                 Route("/v1/query/online", self.answer, methods=["POST"]),
                 Route("/v1/query/plan", self.answer, methods=["POST"]),
+                Route("/v1/models", self.proxy_down, methods=["GET"]),
             ]
         )
+
+    async def proxy_down(self, request: Request) -> PlainTextResponse:
+        """A proxy in front of a server that is down: always a 502, and not JSON."""
+        self.hits["/v1/models"] = self.hits.get("/v1/models", 0) + 1
+        return PlainTextResponse("<html>502 Bad Gateway</html>", 502)
 
     async def answer(self, request: Request) -> JSONResponse:
         path = request.url.path
@@ -337,6 +343,10 @@ def test_idempotent_calls_are_retried_after_a_503_and_queries_are_not(
         with pytest.raises(BackendUnavailable, match="restarting"):
             remote.query(input={"user.id": "u1"}, output=["user.name"])
         assert server.hits["/v1/query/online"] == 1  # a query is a logged decision: sent once
+    with RemoteClient(url, retries=2, backoff=0.01) as remote:
+        with pytest.raises(RemoteError, match="502 Bad Gateway") as raised:
+            remote.models.names()
+        assert (raised.value.status, server.hits["/v1/models"]) == (502, 3)  # a fixed count
 
 
 def test_kairos_query_with_url_asks_the_server_through_the_remote_client(

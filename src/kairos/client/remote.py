@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
@@ -176,9 +176,21 @@ class _Transient(Exception):
 
 def _json(body: Any, field: str) -> bytes:
     try:
-        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+        return orjson.dumps(body, default=_plain, option=orjson.OPT_SERIALIZE_NUMPY)
     except orjson.JSONEncodeError as error:
         raise InvalidInput(f"{field}: cannot be sent as JSON ({error})", field=field) from None
+
+
+def _plain(value: Any) -> Any:
+    """What orjson does not write itself, as the server reads it (a pandas Timestamp, a
+    date, a tuple or set of values, a duration in seconds)."""
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, tuple | set | frozenset):
+        return list(value)
+    raise TypeError(f"a {type(value).__name__} is not a JSON value")
 
 
 class RemoteClient:
@@ -428,7 +440,9 @@ class RemoteClient:
     def _policy(self, call: Call[Any]) -> dict[str, Any]:
         return {
             "stop": stop_after_attempt(self._attempts if call.idempotent else 1),
-            "wait": wait_exponential_jitter(multiplier=self._backoff, max=2.0, jitter=self._backoff),
+            "wait": wait_exponential_jitter(
+                multiplier=self._backoff, max=2.0, jitter=self._backoff
+            ),
             "retry": retry_if_exception_type(
                 (_Transient, httpx.ConnectError, httpx.ConnectTimeout)
             ),
