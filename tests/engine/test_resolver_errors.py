@@ -102,3 +102,25 @@ def test_a_batch_that_raises_logs_one_traceback_for_all_its_rows(
     }
     assert len(result.errors) == 3
     assert len([r for r in caplog.records if r.name == "kairos.resolvers"]) == 1
+
+
+def test_an_error_kairos_raises_names_no_line_and_logs_below_error(
+    make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch resolver's wrong count is found by kairos: no frame of the user's is where it
+    was raised, so the message names none, and the traceback is logged at DEBUG only."""
+
+    @online(batch=True)
+    def rating(sids: Shop.id) -> Shop.rating:
+        return [1.0]
+
+    client = make_client(Shop, rating)
+    with caplog.at_level(logging.DEBUG, logger="kairos.resolvers"):
+        result = client.query_bulk(input={Shop.id: ["s1", "s2"]}, output=[Shop.rating], now=NOW)
+
+    assert {e.message for e in result.errors} == {
+        "resolver 'rating' raised ValueError: batch resolver 'rating' returned 1 results for "
+        "2 entities; return one per entity, in order"
+    }
+    (record,) = [r for r in caplog.records if r.name == "kairos.resolvers"]
+    assert record.levelno == logging.DEBUG and record.exc_info is not None

@@ -13,7 +13,6 @@ over HTTP); a new key is printed once and never stored in plain text.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -22,8 +21,10 @@ from typing import Any, TypeVar
 import click
 
 from kairos.cli.options import Group, json_option, project_option
-from kairos.cli.serve import is_local
+from kairos.cli.serve import freeze_heap, is_local
+from kairos.cli.server_logging import configure_logging
 from kairos.cli.tables import show
+from kairos.client.config import LoggingConfig
 from kairos.errors import KairosError
 from kairos.gateway import Gateway, GatewayConfig
 from kairos.gateway.app import create_gateway_app
@@ -210,13 +211,13 @@ def serve_command(project: str, host: str | None, port: int | None) -> int:
         raise KairosError(
             f"refusing to serve on {host} without an admin key; set gateway.admin_key_env"
         )
+    configure_logging(LoggingConfig.load(project))  # kairos.yaml `logging:`, to stderr
     gateway = Gateway(config)
     app = with_dashboard(
         create_gateway_app(gateway, close_gateway=True),
         UI(gateway=gateway, admin_key=config.admin_key),
     )
-    gc.collect()
-    gc.freeze()
+    freeze_heap()  # unfrozen at exit: DuckDB's objects are freed, not reported leaked
 
     def started() -> None:
         models = len(config.models)

@@ -9,6 +9,7 @@ the events the others write.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import gc
 import ipaddress
@@ -22,8 +23,9 @@ from starlette.applications import Starlette
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
+from kairos.cli.server_logging import configure_logging
 from kairos.client import Client
-from kairos.client.config import Config, ServerConfig
+from kairos.client.config import Config, LoggingConfig, ServerConfig
 from kairos.errors import KairosError
 from kairos.server import create_app
 
@@ -61,8 +63,9 @@ def _uvicorn(app: Starlette | str, settings: ServerConfig, workers: int) -> uvic
         port=settings.port,
         loop="uvloop",
         http="httptools",
-        log_level="warning",
-        access_log=False,
+        log_config=None,  # configure_logging's handler and levels (kairos.yaml `logging:`)
+        log_level=None,
+        access_log=False,  # kairos.access writes the access lines
         lifespan="on",
         workers=workers,
         factory=isinstance(app, str),
@@ -88,24 +91,33 @@ def serve(project: str, host: str | None, port: int | None, workers: int = 1) ->
         raise KairosError(f"--workers {workers} must be at least 1")
     if workers > 1:
         return _serve_workers(project, host, port, workers)
-    taken = port_taken(server_settings(Config.load(Path(project)).server, host, port))
+    config = Config.load(Path(project))
+    taken = port_taken(server_settings(config.server, host, port))
     if taken:  # before the client loads its models and opens its stores
         print(f"kairos: {taken}", file=sys.stderr, flush=True)
         return 1
+    configure_logging(config.logging)
     client = Client(project)
     try:
         settings = server_settings(client.config.server, host, port)
         app = create_app(client, settings, close_client=True)
         server = uvicorn.Server(_uvicorn(app, settings, 1))
-        # Everything built so far lives as long as the server: keep it out of the collector's
-        # scans, which otherwise pause requests for milliseconds.
-        gc.collect()
-        gc.freeze()
+        freeze_heap()
         _announce(project, settings, 1)
         server.run()
     finally:
         client.close()  # idempotent; the app's shutdown already flushed the query log
     return 0
+
+
+def freeze_heap() -> None:
+    """Keep everything built so far, which lives as long as the server, out of the
+    collector's scans (they otherwise pause requests for milliseconds); unfrozen at exit, so
+    the interpreter's last collection frees it: DuckDB's objects left frozen are reported as
+    `nanobind: leaked ... instances` when the process ends."""
+    gc.collect()
+    gc.freeze()
+    atexit.register(gc.unfreeze)
 
 
 def port_taken(settings: ServerConfig) -> str | None:
@@ -135,11 +147,13 @@ def port_taken(settings: ServerConfig) -> str | None:
 
 def _serve_workers(project: str, host: str | None, port: int | None, workers: int) -> int:
     folder = Path(project).resolve()
-    settings = server_settings(Config.load(folder).server, host, port)
+    project_config = Config.load(folder)
+    settings = server_settings(project_config.server, host, port)
     taken = port_taken(settings)
     if taken:
         print(f"kairos: {taken}", file=sys.stderr, flush=True)
         return 1
+    configure_logging(project_config.logging)  # the supervisor's; each worker sets its own
     os.environ.update(
         {_PROJECT: str(folder), _HOST: settings.host, _PORT: str(settings.port)}
     )  # the workers' environment: they are spawned, not forked
@@ -159,6 +173,7 @@ def _serve_workers(project: str, host: str | None, port: int | None, workers: in
 def worker_app() -> Starlette:
     """The app of one `kairos serve --workers N` process (uvicorn calls it in each worker)."""
     try:
+        configure_logging(LoggingConfig.load(os.environ[_PROJECT]))
         client = Client(os.environ[_PROJECT])
     except KairosError as error:
         print(f"kairos: {error}", file=sys.stderr, flush=True)
@@ -169,6 +184,5 @@ def worker_app() -> Starlette:
     except BaseException:
         client.close()
         raise
-    gc.collect()
-    gc.freeze()
+    freeze_heap()
     return app

@@ -11,6 +11,9 @@
       host: 127.0.0.1
       port: 8000
       keys: ["${KAIROS_API_KEY}"]              # bearer tokens; none = localhost only
+    logging:                                    # how `kairos serve` logs, to stderr
+      level: info
+      format: text                              # or json: one object a line
 
 `${VAR}` is read from the environment when the project loads; secrets are never logged.
 """
@@ -49,9 +52,13 @@ _KEYS = {
     "vectors",
     "gateway",  # read by kairos.gateway.GatewayConfig
     "deployments",  # local replica groups the gateway serves (kairos.client.deployments)
+    "logging",
 }
 _MODELS_KEYS = {"registry", "volume", "max_batch", "max_wait", "threads", "refresh"}
 _SERVER_KEYS = {"host", "port", "keys"}
+_LOGGING_KEYS = ("level", "format", "access", "levels")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
 
 
 def interpolate(text: str, where: str) -> str:
@@ -71,6 +78,36 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     keys: tuple[str, ...] = field(default=(), repr=False)  # secrets: kept out of repr
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """How `kairos serve` and `kairos gateway serve` log: to stderr, uvicorn's loggers too.
+
+    logging:
+      level: info                 # debug | info | warning | error | critical
+      format: text                # text | json (one object a line)
+      access: true                # one line per request (logger kairos.access)
+      levels:                     # a logger's own level
+        kairos.gateway: debug
+    """
+
+    level: str = "info"
+    format: str = "text"
+    access: bool = True
+    levels: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, folder: Path | str) -> LoggingConfig:
+        """The `logging:` section of `kairos.yaml` in `folder` alone (the gateway's
+        process reads no other section of the project's)."""
+        path = Path(folder) / CONFIG_FILE
+        try:
+            raw = yaml.safe_load(path.read_text()) if path.exists() else None
+        except yaml.YAMLError as error:
+            raise ProjectError(f"{path}: not valid YAML ({error}); fix the file") from None
+        section = raw.get("logging") if isinstance(raw, dict) else None
+        return _logging(section, path)
 
 
 @dataclass(frozen=True)
@@ -132,6 +169,7 @@ class Config:
     streams: Mapping[str, Any] = field(default_factory=dict)  # name -> a streams: entry
     vectors: str | None = None  # kr.nearest indexes: a folder or postgresql://; None: .kairos/
     deployments: Mapping[str, DeploymentSpec] = field(default_factory=dict)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     @classmethod
     def load(cls, folder: Path) -> Config:
@@ -190,7 +228,46 @@ class Config:
             streams=_streams(raw.get("streams") or {}, path),
             vectors=_vectors(raw.get("vectors", defaults.vectors), folder, path),
             deployments=parse_deployments(raw.get("deployments"), path),
+            logging=_logging(raw.get("logging"), path),
         )
+
+
+def _logging(raw: Any, path: Path) -> LoggingConfig:
+    """The `logging:` section; a bad value names its field and the values allowed."""
+    if raw is None:
+        return LoggingConfig()
+    if not isinstance(raw, dict) or set(raw) - set(_LOGGING_KEYS):
+        raise ProjectError(f"{path}: `logging` takes {', '.join(_LOGGING_KEYS)}")
+    level = _log_level(raw.get("level", "info"), "logging.level", path)
+    form = raw.get("format", "text")
+    if form not in LOG_FORMATS:
+        raise ProjectError(
+            f"{path}: `logging.format` is one of {', '.join(LOG_FORMATS)}, got {form!r}"
+        )
+    access = raw.get("access", True)
+    if not isinstance(access, bool):
+        raise ProjectError(f"{path}: `logging.access` is true or false, got {access!r}")
+    levels = raw.get("levels") or {}
+    if not isinstance(levels, dict):
+        raise ProjectError(
+            f"{path}: `logging.levels` maps logger names to levels, e.g. kairos.gateway: debug"
+        )
+    return LoggingConfig(
+        level=level,
+        format=form,
+        access=access,
+        levels={
+            str(name): _log_level(value, f"logging.levels.{name}", path)
+            for name, value in levels.items()
+        },
+    )
+
+
+def _log_level(value: Any, name: str, path: Path) -> str:
+    text = value.lower() if isinstance(value, str) else value
+    if text not in LOG_LEVELS:
+        raise ProjectError(f"{path}: `{name}` is one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return str(text)
 
 
 def _vectors(value: Any, folder: Path, path: Path) -> str:

@@ -52,6 +52,7 @@ from kairos.gateway.ledger import period_bound, summarize
 from kairos.gateway.messages import chat_to_message, message_events, messages_to_chat
 from kairos.gateway.metrics import GatewayMetrics
 from kairos.gateway.streams import Stream
+from kairos.http.access import log_access
 from kairos.http.types import Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
@@ -320,6 +321,7 @@ class GatewayApp:
                 methods = self.routes[target.rstrip("/")]
             else:
                 missing = _NotFound(f"no route {scope['method']} {target}")
+                log_access(scope["method"], path, 404, time.perf_counter() - started)
                 await answer(Request(scope, receive), openai_error(missing), receive, send)
                 return
         route = methods.get(scope["method"])
@@ -328,6 +330,7 @@ class GatewayApp:
         request = Request(scope, receive, rest)
         if route is None:
             error = _NotAllowed(f"{scope['method']} is not allowed on {path}")
+            log_access(scope["method"], path, 405, time.perf_counter() - started)
             await answer(request, openai_error(error), receive, send)
             return
         try:
@@ -337,7 +340,9 @@ class GatewayApp:
             if failure is None:
                 return
             reply = route.errors(failure)
-        self.server.metrics.answered(route.name, reply.status, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.server.metrics.answered(route.name, reply.status, seconds)
+        log_access(scope["method"], path, reply.status, seconds)
         await answer(request, reply, receive, send)
 
     def _span_route(self, scope: Scope) -> str:

@@ -32,8 +32,8 @@ def log_access(
         "query_id": query_id,
     }
     if query_id is None:
-        ACCESS.info("%s %s %d %.1f ms", method, path, status, ms, extra=fields)
+        ACCESS.info("%s %s %d %.2f ms", method, path, status, ms, extra=fields)
     else:
         ACCESS.info(
-            "%s %s %d %.1f ms query_id=%s", method, path, status, ms, query_id, extra=fields
+            "%s %s %d %.2f ms query_id=%s", method, path, status, ms, query_id, extra=fields
         )

@@ -48,9 +48,17 @@ def raised_at(error: BaseException) -> str | None:
 
 
 def resolver_failure(label: str, error: BaseException) -> str:
-    """The message of the error each output of the failed call gets; the traceback is
-    logged here, once per call of this."""
-    logger.error("resolver %r raised %s", label, type(error).__name__, exc_info=error)
+    """The message of the error each output of the failed call gets. The traceback is logged
+    here, once per call of this: at ERROR when the user's code raised, at DEBUG when kairos
+    or a library did (a SQL resolver's missing row, a database's error: the message says
+    it all, and a routine miss is no server error)."""
     where = raised_at(error)
+    logger.log(
+        logging.DEBUG if where is None else logging.ERROR,
+        "resolver %r raised %s",
+        label,
+        type(error).__name__,
+        exc_info=error,
+    )
     message = f"resolver {label!r} raised {type(error).__name__}: {error}"
     return message if where is None else f"{message} ({where})"

@@ -37,6 +37,7 @@ from starlette.routing import BaseRoute, Route
 from kairos.client.client import Client
 from kairos.errors import KairosError
 from kairos.gateway import Gateway
+from kairos.http.access import log_access
 from kairos.ui.traffic import Traffic
 
 Page = Callable[[Request], Awaitable[Response]]
@@ -121,12 +122,13 @@ class UI:
 
     def routes(self) -> list[BaseRoute]:
         """Login, logout and the stylesheet (the pages are in `kairos.ui.dashboard`)."""
+        logged = self.logged
         return [
-            Route("/", self.home, methods=["GET"]),
-            Route("/login", self.login_form, methods=["GET"]),
-            Route("/login", self.login, methods=["POST"]),
-            Route("/logout", self.logout, methods=["POST"]),
-            Route("/static/kairos.css", self.stylesheet, methods=["GET"]),
+            Route("/", logged(self.home), methods=["GET"]),
+            Route("/login", logged(self.login_form), methods=["GET"]),
+            Route("/login", logged(self.login), methods=["POST"]),
+            Route("/logout", logged(self.logout), methods=["POST"]),
+            Route("/static/kairos.css", logged(self.stylesheet), methods=["GET"]),
         ]
 
     def client_or_404(self) -> Client:
@@ -177,7 +179,8 @@ class UI:
 
     def page(self, handler: Page, *, admin: bool = False) -> Page:
         """Wrap a page: auth (a redirect to the login form), errors shown as a page with a
-        4xx status (never a stack trace), the security headers, the time it took."""
+        4xx status (never a stack trace), the security headers, the time it took (a header
+        and the access line)."""
 
         async def wrapped(request: Request) -> Response:
             started = time.perf_counter()
@@ -220,9 +223,24 @@ class UI:
                         request, "error.html", status=500, title="Error",
                         message=f"internal error ({type(error).__name__})",
                     )  # fmt: skip
-            response.headers["Server-Timing"] = (
-                f"page;dur={(time.perf_counter() - started) * 1e3:.1f}"
-            )
+            seconds = time.perf_counter() - started
+            response.headers["Server-Timing"] = f"page;dur={seconds * 1e3:.1f}"
+            log_access(request.method, request.scope["path"], response.status_code, seconds)
+            return response
+
+        return wrapped
+
+    def logged(self, handler: Page) -> Page:
+        """Wrap a route that answers without signing in (the form, the stylesheet): its
+        access line."""
+
+        async def wrapped(request: Request) -> Response:
+            started = time.perf_counter()
+            response = await handler(request)
+            log_access(
+                request.method, request.scope["path"], response.status_code,
+                time.perf_counter() - started,
+            )  # fmt: skip
             return response
 
         return wrapped
