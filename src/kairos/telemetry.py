@@ -156,9 +156,6 @@ def _exporter(name: str) -> Any:
 
 # --- what the hooks call (only ever with TRACER set) ------------------------------------------
 
-_KINDS = {"internal": 0, "server": 1, "client": 2}
-
-
 def start(
     name: str,
     attributes: Mapping[str, Any] | None = None,
@@ -170,8 +167,13 @@ def start(
     tracer = TRACER
     if tracer is None:
         return trace.INVALID_SPAN
-    span_kind = (SpanKind.INTERNAL, SpanKind.SERVER, SpanKind.CLIENT)[_KINDS[kind]]
+    span_kind = getattr(SpanKind, kind.upper())  # internal, server or client
     return tracer.start_span(name, context=parent, kind=span_kind, attributes=attributes)
+
+
+def recording() -> bool:
+    """Whether the current span records (a traced, sampled operation is running here)."""
+    return trace.get_current_span().is_recording()
 
 
 def current(span: Span) -> Any:

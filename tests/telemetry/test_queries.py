@@ -183,3 +183,33 @@ def test_tracing_off_makes_no_span(bank: kr.Client, spans: InMemorySpanExporter)
         telemetry.TRACER = provider_tracer
     assert result.errors == []
     assert named(spans, "") == []
+
+
+def test_a_replay_is_one_span_its_recomputed_nodes_nest_under(
+    bank: kr.Client, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    with kr.Client(
+        bank.project, query_log=f"sqlite:///{tmp_path / 'log.db'}", offline_store="none://"
+    ) as logged:
+        served = logged.query({"account.id": PRIVATE_ID}, ["account.name"])
+        logged.log.flush()
+        spans.clear()
+        replayed = logged.replay([served.meta.query_id], recompute=["account.name"])
+    assert {row.feature: row.replayed for row in replayed.rows}["account.name"] == "Ada"
+
+    batch = one(spans, "kairos.replay")
+    assert batch.parent is None
+    assert batch.attributes is not None and batch.attributes["kairos.replay.records"] == 1
+    [sql] = named(spans, "kairos.resolver account")
+    assert sql.parent is not None and sql.parent.span_id == batch.context.span_id
+
+
+def test_a_plan_run_outside_a_traced_operation_makes_no_orphan_spans(
+    bank: kr.Client, spans: InMemorySpanExporter
+) -> None:
+    """A backfill runs the engine thousands of times: its nodes are not each a trace."""
+    plan = bank.plan(["account.id"], ["account.name"])
+    run = bank.engine.run(plan, {"account.id": [PRIVATE_ID]}, 1, datetime.now(UTC), {})
+    outcome = bank._sync(run)
+    assert outcome.columns["account.name"].values == ["Ada"]
+    assert spans.get_finished_spans() == ()

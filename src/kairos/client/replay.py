@@ -22,11 +22,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kairos import telemetry
 from kairos.client.runtime import Runtime, plan_with
 from kairos.definitions.completion import CompletionOptions
 from kairos.definitions.frame import DataFrame
 from kairos.definitions.predict import ModelOptions
 from kairos.engine.result import ColumnData
+from kairos.engine.tracing import traced_batch
 from kairos.errors import InvalidInput
 from kairos.planner.plan import Plan
 from kairos.resolvers.calls import CALLS, Calls
@@ -273,7 +275,10 @@ async def replay(
     """Re-run `records` on `runtime` (the client's, with the changed definitions), taking the
     logged value of every column not downstream of a feature in `changed`."""
     with collector_paused(len(records) >= 1000):
-        return await _replay(runtime, records, changed, definitions)
+        work = _replay(runtime, records, changed, definitions)
+        if telemetry.TRACER is None:
+            return await work
+        return await traced_batch("kairos.replay", {"kairos.replay.records": len(records)}, work)
 
 
 async def _replay(

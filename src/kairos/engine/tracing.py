@@ -10,7 +10,7 @@ names, counts and statuses, never a value, a SQL parameter or a prompt.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, TypeVar
 
 from kairos import telemetry
 from kairos.engine.result import BulkResult
@@ -22,6 +22,7 @@ from kairos.resolvers.sql import SqlResolver
 # what OpenTelemetry's database conventions call each source dialect (`db.system.name`)
 _DB_SYSTEMS = {"sqlite": "sqlite", "duckdb": "duckdb", "postgres": "postgresql"}
 _FAILED = ("error", "timeout")
+T = TypeVar("T")
 
 
 async def traced_query(kind: str, work: Awaitable[BulkResult]) -> BulkResult:
@@ -63,8 +64,17 @@ async def traced_offline(work: Awaitable[Any]) -> Any:
     return await telemetry.traced("kairos.query", attributes, work, answered)
 
 
+async def traced_batch(name: str, attributes: dict[str, Any], work: Awaitable[T]) -> T:
+    """A replay's runs of many decisions, under one span of their own."""
+    return await telemetry.traced(name, attributes, work)
+
+
 async def traced_node(node: PlanNode, rows: int, work: Awaitable[str]) -> str:
-    """One plan node's computation (its status for the trace) inside its span."""
+    """One plan node's computation (its status for the trace) inside its span; none outside
+    a traced query or replay (a backfill's thousands of runs are not each a trace of its
+    own), nor under a span the sampler left out."""
+    if not telemetry.recording():
+        return await work
     name, attributes = node_span(node)
     attributes["kairos.node.rows"] = rows
     span = telemetry.start(name, attributes)
@@ -83,7 +93,9 @@ async def traced_node(node: PlanNode, rows: int, work: Awaitable[str]) -> str:
 
 
 async def traced_store(operation: str, entries: int, work: Awaitable[Any]) -> Any:
-    """One online-store read (`get`) or write (`put`) of a query."""
+    """One online-store read (`get`) or write (`put`) of a query (as nodes: in a trace)."""
+    if not telemetry.recording():
+        return await work
     attributes = {"kairos.store.operation": operation, "kairos.store.entries": entries}
     return await telemetry.traced(f"kairos.online_store {operation}", attributes, work)
 
