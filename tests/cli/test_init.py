@@ -6,6 +6,7 @@ feature starts nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -93,6 +94,24 @@ def test_the_embedded_client_answers_the_llm_feature_with_gemma(project: Path) -
         assert [k.id for k in asyncio.run(again.llm.gateway().list_keys())] == [key.id]
     finally:
         again.close()
+
+
+def test_kairos_gateway_commands_read_the_same_gateway(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The alias to the deployment's group resolves, and keys hash with the local pepper."""
+    args = ["--project", str(project)]
+    assert main(["gateway", "keys", "create", "--name", "ops", "--model", "gemma-270m",
+                 "--json", *args]) == 0  # fmt: skip
+    created = json.loads(capsys.readouterr().out)
+    with kr.Client(project) as client:
+        gateway = client.llm.gateway()
+        record = asyncio.run(gateway.authenticate(created["key"]))  # the same pepper
+        assert record.id == created["id"] and gateway.models(record) == [
+            "gemma-270m", "local/gemma-270m",
+        ]  # fmt: skip
+    assert main(["gateway", "keys", "list", "--json", *args]) == 0
+    assert [k["name"] for k in json.loads(capsys.readouterr().out)] == ["ops"]
 
 
 def test_a_query_without_the_llm_feature_starts_nothing(project: Path) -> None:

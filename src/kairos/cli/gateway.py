@@ -7,7 +7,9 @@ kairos gateway keys revoke 3f9a0c1d2e4b
 kairos gateway usage --key 3f9a0c1d2e4b --since 2026-11-01
 
 The key commands work on the registry named in `kairos.yaml` (the admin API does the same
-over HTTP); a new key is printed once and never stored in plain text.
+over HTTP); a new key is printed once and never stored in plain text. The configuration is the
+one the project's clients build (kairos.client.project_gateway): its `deployments:` are model
+groups, and `gateway serve` runs them while it serves.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -25,8 +28,14 @@ from kairos.cli.serve import freeze_heap, is_local
 from kairos.cli.server_logging import configure_logging
 from kairos.cli.tables import show
 from kairos.client.config import LoggingConfig
+from kairos.client.deployments import LocalDeployments
+from kairos.client.project_gateway import (
+    gateway_providers,
+    project_deployments,
+    project_gateway_config,
+)
 from kairos.errors import KairosError
-from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway import Gateway
 from kairos.gateway.app import create_gateway_app
 from kairos.gateway.ledger import period_bound, summarize
 from kairos.http.server import serve
@@ -49,7 +58,7 @@ def keys_group() -> None:
 def _with_gateway(project: str, work: Callable[[Any], Awaitable[T]]) -> T:
     async def main() -> T:
         # keys and usage call no provider, so they need no provider credentials
-        gateway = Gateway(GatewayConfig.load(project), providers={})
+        gateway = Gateway(project_gateway_config(Path(project)), providers={})
         try:
             return await work(gateway)
         finally:
@@ -203,7 +212,7 @@ def usage_command(
 @click.option("--port", type=int, help="the port to listen on (default: gateway.port)")
 def serve_command(project: str, host: str | None, port: int | None) -> int:
     """Run the gateway's HTTP server."""
-    config = GatewayConfig.load(project)
+    config = project_gateway_config(Path(project))
     host, port = host or config.host, port or config.port
     if not config.pepper:
         raise KairosError("set gateway.pepper_env in kairos.yaml: keys are hashed with it")
@@ -212,7 +221,8 @@ def serve_command(project: str, host: str | None, port: int | None) -> int:
             f"refusing to serve on {host} without an admin key; set gateway.admin_key_env"
         )
     configure_logging(LoggingConfig.load(project))  # kairos.yaml `logging:`, to stderr
-    gateway = Gateway(config)
+    deployments = LocalDeployments(project_deployments(Path(project)), Path(project))
+    gateway = Gateway(config, providers=gateway_providers(config, deployments))
     app = with_dashboard(
         create_gateway_app(gateway, close_gateway=True),
         UI(gateway=gateway, admin_key=config.admin_key),
@@ -224,5 +234,9 @@ def serve_command(project: str, host: str | None, port: int | None) -> int:
         print(f"kairos gateway on http://{host}:{port} ({models} model groups); its dashboard "
               f"at http://{host}:{port}/ui (sign in with the admin key)", flush=True)  # fmt: skip
 
-    serve(app, host, port, on_start=started)
+    deployments.start_all()  # the project's replicas load while the gateway starts
+    try:
+        serve(app, host, port, on_start=started)
+    finally:
+        deployments.close()
     return 0

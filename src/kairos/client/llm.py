@@ -39,11 +39,11 @@ from kairos.client.project_gateway import (
     current_features_key,
     features_key,
     gateway_config,
+    gateway_providers,
     gateway_section,
 )
 from kairos.errors import KairosError
 from kairos.gateway import Gateway, GatewayConfig
-from kairos.gateway.gateway import provider_for
 from kairos.gateway.keys import KeyRecord
 from kairos.llm.embeddings import LOCAL_MINILM, LocalEmbedder
 from kairos.llm.tokens import Tokenizer, tokenizer_for
@@ -117,12 +117,7 @@ class GatewayCompleter:
                         "LLM features need a gateway: pass Client(gateway=...) or give the "
                         "project a `gateway:` section in kairos.yaml"
                     )
-                providers = {
-                    name: provider_for(spec)
-                    for name, spec in config.providers.items()
-                    if name not in self.deployments.specs
-                }
-                providers.update(self.deployments.providers())
+                providers = gateway_providers(config, self.deployments)
                 self._gateway = Gateway(config, providers=providers)
             return self._gateway
 

@@ -39,14 +39,51 @@ from typing import Any
 import yaml
 
 from kairos.backends import parse
+from kairos.client.deployments import LocalDeployments, parse_deployments
 from kairos.errors import KairosError, ProjectError
 from kairos.gateway import Gateway, GatewayConfig
-from kairos.gateway.errors import InvalidKeySpec
+from kairos.gateway.errors import GatewayConfigError, InvalidKeySpec
+from kairos.gateway.gateway import provider_for
 from kairos.gateway.keys import KeyRecord, key_spec
+from kairos.serving.deploy import DeploymentSpec
 from kairos.serving.group_provider import with_groups
 
 FEATURES_KEY = "kairos-features"  # the name of the key LLM features spend
 PEPPER_FILE = Path(".kairos") / "gateway.pepper"
+
+
+def project_gateway_config(folder: Path) -> GatewayConfig:
+    """The gateway configuration of the project in `folder`, as its clients build it (its
+    deployments registered, its pepper filled in): what `kairos gateway` commands use.
+
+    >>> project_gateway_config(Path("examples/fraud"))  # doctest: +SKIP
+    """
+    section = gateway_section(folder, project_deployments(folder))
+    if section is None:
+        raise GatewayConfigError(
+            f"{folder / 'kairos.yaml'}: no `gateway:` section (see kairos.gateway.config)"
+        )
+    return gateway_config(folder, section)
+
+
+def project_deployments(folder: Path) -> dict[str, DeploymentSpec]:
+    """The `deployments:` of the project in `folder` alone (a gateway process reads no
+    other section of the project's)."""
+    path = folder / "kairos.yaml"
+    raw = yaml.safe_load(path.read_text()) if path.exists() else None
+    return parse_deployments(raw.get("deployments") if isinstance(raw, dict) else None, path)
+
+
+def gateway_providers(config: GatewayConfig, deployments: LocalDeployments) -> dict[str, Any]:
+    """The providers of `config`'s gateway: each deployment's group for its own name, the
+    configured ones for the rest."""
+    providers: dict[str, Any] = {
+        name: provider_for(spec)
+        for name, spec in config.providers.items()
+        if name not in deployments.specs
+    }
+    providers.update(deployments.providers())
+    return providers
 
 
 def gateway_section(folder: Path, deployments: Iterable[str]) -> dict[str, Any] | None:
