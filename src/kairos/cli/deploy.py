@@ -100,7 +100,7 @@ def deploy_group() -> None:
 )  # fmt: skip
 @click.option("--share-gpu", is_flag=True, help="vllm: all replicas on all GPUs")
 @_seconds("--scale-up-after", 5.0, "add a replica once requests queue this long")
-@_seconds("--scale-down-after", 60.0, "stop a replica once one has been idle this long")
+@_seconds("--scale-down-after", 60.0, "drain one replica away once all have idled this long")
 @_seconds("--ready-timeout", 300.0, "how long a replica may take to load its model")
 @_seconds("--drain-timeout", 60.0, "how long in-flight requests may take to finish on stop")
 @click.option("--log-dir", help="replica logs (default: a temporary folder)")
