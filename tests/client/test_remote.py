@@ -73,10 +73,13 @@ def test_an_unknown_user_is_an_error_per_feature_not_a_failed_query(any_client: 
 def test_the_remote_answer_equals_the_embedded_one(served: Any, tmp_path: Path) -> None:
     with kr.Client(url=served.url, key=REMOTE_KEY) as remote:
         far = remote.query(input={User.id: "u0002"}, output=OUTPUTS, now=ANCHOR)
+        far_failed = remote.query(input={User.id: "nobody"}, output=OUTPUTS, now=ANCHOR)
     # an embedded client on another copy of the same project computes the same
     with kr.Client(copy_project(tmp_path / "other")) as embedded:
         near = embedded.query(input={User.id: "u0002"}, output=OUTPUTS, now=ANCHOR)
+        near_failed = embedded.query(input={User.id: "nobody"}, output=OUTPUTS, now=ANCHOR)
     assert far.features == near.features  # values, times, sources, errors: all of them
+    assert far_failed.features == near_failed.features and far_failed.errors
     assert sorted((s.kind, s.label, s.rows, s.status) for s in far.trace) == sorted(
         (s.kind, s.label, s.rows, s.status) for s in near.trace
     )  # independent nodes run concurrently: in either order

@@ -42,12 +42,14 @@ def test_an_error_names_its_row_unless_told_not_to() -> None:
         "feature": "user.risk",
         "code": "timeout",
         "message": "took over 1s",
+        "resolver": "risk",
         "row": 1,
     }
     assert error.to_dict(row=False) == {
         "feature": "user.risk",
         "code": "timeout",
         "message": "took over 1s",
+        "resolver": "risk",
     }
 
 
@@ -69,7 +71,9 @@ def test_a_query_result_as_json() -> None:
             "user.name": {"value": "Ada", "observed_at": SEEN, "source": "cache", "cached": True},
             "user.risk": {"value": None, "observed_at": None, "source": None, "cached": False},
         },
-        "errors": [{"feature": "user.risk", "code": "timeout", "message": "took over 1s"}],
+        "errors": [
+            {"feature": "user.risk", "code": "timeout", "message": "took over 1s", "resolver": None}
+        ],
         "meta": {"duration_ms": 2.5, "cache_hits": 1, "computed": 0, "llm": [CALL]},
         "trace": [STEP.to_dict(4)],
     }
@@ -101,7 +105,7 @@ ENCODINGS = {
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_a_query_result_reads_back_from_its_json(encoding: str) -> None:
-    error = FeatureError("user.risk", "timeout", "took over 1s")
+    error = FeatureError("user.risk", "timeout", "took over 1s", resolver="model:risk")
     result = QueryResult(
         {
             "user.name": FeatureValue("user.name", "Ada", SEEN, "cache"),
@@ -115,7 +119,7 @@ def test_a_query_result_reads_back_from_its_json(encoding: str) -> None:
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_a_bulk_result_reads_back_from_its_json(encoding: str) -> None:
-    error = FeatureError("user.risk", "timeout", "took over 1s", 1)
+    error = FeatureError("user.risk", "timeout", "took over 1s", 1, "model:risk")
     columns = {
         "user.risk": ColumnData([0.5, None], [SEEN, None], ["risk", None], [None, error]),
         "user.name": ColumnData(["Ada", "Bo"], [NOW, NOW], ["cache", "user"], [None, None]),

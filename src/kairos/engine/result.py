@@ -29,25 +29,32 @@ class FeatureError:
     resolver: str | None = None
 
     def to_dict(self, *, row: bool = True) -> dict[str, Any]:
-        """`{"feature", "code", "message", "row"}`; without `row` when it is about the one
-        entity of a single query (`row=False`).
+        """`{"feature", "code", "message", "resolver", "row"}`; without `row` when it is about
+        the one entity of a single query (`row=False`).
 
-        >>> FeatureError("user.risk", "timeout", "took over 1s", 3).to_dict()
-        {'feature': 'user.risk', 'code': 'timeout', 'message': 'took over 1s', 'row': 3}
+        >>> FeatureError("user.risk", "timeout", "took over 1s", 3).to_dict()["row"]
+        3
         """
-        body: dict[str, Any] = {"feature": self.feature, "code": self.code, "message": self.message}
+        body: dict[str, Any] = {
+            "feature": self.feature,
+            "code": self.code,
+            "message": self.message,
+            "resolver": self.resolver,
+        }
         if row:
             body["row"] = self.row
         return body
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FeatureError:
-        """The error `to_dict` wrote (the resolver's name is not in it).
+        """The error `to_dict` wrote.
 
         >>> FeatureError.from_dict({"feature": "user.risk", "code": "timeout", "message": "m"})
         FeatureError(feature='user.risk', code='timeout', message='m', row=None, resolver=None)
         """
-        return cls(data["feature"], data["code"], data["message"], data.get("row"))
+        return cls(
+            data["feature"], data["code"], data["message"], data.get("row"), data.get("resolver")
+        )
 
 
 @dataclass(frozen=True, slots=True)
