@@ -62,7 +62,9 @@ class User:
     spent: float
     # what the user can still spend
     available: float = _.credit_limit - _.spent
-    # one line from a local LLM (Gemma 3 270M), its prompt rendered from the features above
+    # one line from a local LLM, its prompt rendered from the features above (Gemma 3 270M
+    # is a small base model: it continues the text more than it answers; point the gateway
+    # at a bigger model for real summaries)
     summary: str = kr.completion(
         model="local/gemma-270m",  # the gateway's alias for the gemma-270m deployment
         messages=[
