@@ -42,10 +42,9 @@ def console(stderr: bool = False) -> Console:
     return made
 
 
-def styled(stderr: bool = False) -> bool:
-    """Whether output may carry styles and animation: a terminal, and colour not turned off."""
-    made = console(stderr)
-    return made.is_terminal and made.color_system is not None
+def styled(out: Console) -> bool:
+    """Whether `out` may carry styles: a terminal, and colour not turned off (NO_COLOR)."""
+    return out.is_terminal and out.color_system is not None
 
 
 def fail(message: str) -> None:

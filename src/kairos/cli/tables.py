@@ -18,27 +18,28 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from kairos.cli.console import console
+from kairos.cli.console import console, styled
 
 
 def show(headers: Sequence[str], rows: Sequence[Sequence[str]], out: Console | None = None) -> None:
     """Print a table on `out` (stdout): rich's on a styled terminal, else `grid`'s text."""
     out = out or console()
-    if not (out.is_terminal and out.color_system is not None):
+    if not styled(out):
         print(grid(headers, rows), file=out.file, flush=True)
         return
     table = Table(box=box.SIMPLE_HEAD, header_style="bold cyan", show_edge=False, pad_edge=False)
     for header in headers:
-        table.add_column(header, overflow="fold")
+        table.add_column(Text(header), overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(text) for text in row))  # as given: `[rows]` is no markup
     out.print(table)
 
 
 def grid(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A plain text table."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    """A plain text table (its header alone when there are no rows)."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
