@@ -156,6 +156,7 @@ def _exporter(name: str) -> Any:
 
 # --- what the hooks call (only ever with TRACER set) ------------------------------------------
 
+
 def start(
     name: str,
     attributes: Mapping[str, Any] | None = None,
@@ -255,16 +256,19 @@ async def serve(
 ) -> None:
     """Run an ASGI app for one HTTP request inside a server span that continues the request's
     `traceparent`, named `METHOD route` (`route(scope)`: a route template, never a raw path
-    with ids in it)."""
+    with ids in it; "" where no route matches, and the span is named by the method alone)."""
     method = scope.get("method", "GET")
     template = route(scope)  # before the app runs: a router may rewrite the scope
+    attributes = {"http.request.method": method, "url.path": scope.get("path", ""),
+                  "url.scheme": scope.get("scheme", "http")}  # fmt: skip
+    if template:
+        attributes["http.route"] = template
     span = start(
-        f"{method} {template}",
-        {"http.request.method": method, "http.route": template,
-         "url.path": scope.get("path", ""), "url.scheme": scope.get("scheme", "http")},
+        f"{method} {template}" if template else method,  # no route: the method alone
+        attributes,
         kind="server",
         parent=incoming(scope.get("headers") or ()),
-    )  # fmt: skip
+    )
     status = 0
 
     async def sending(message: Message) -> None:
@@ -301,15 +305,13 @@ class ServerSpans:
 
 
 def starlette_route(scope: Scope) -> str:
-    """The path template of the Starlette route a request matched (mounts included), else
-    the path's first segment: spans are grouped by route, not by every id in a path."""
-    app = scope.get("app")
-    path = str(scope.get("path", ""))
-    for route in getattr(app, "routes", ()):
+    """The path template of the Starlette route a request matches (mounts included), or ""
+    for none: spans are grouped by route, not by every id in a path."""
+    for route in getattr(scope.get("app"), "routes", ()):
         template = _matched(route, scope)
         if template is not None:
             return template
-    return "/" + path.lstrip("/").split("/", 1)[0]
+    return ""
 
 
 def _matched(route: Any, scope: Scope) -> str | None:

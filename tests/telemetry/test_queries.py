@@ -3,6 +3,7 @@ inside it), SQL nodes named by their statement with no parameter value in any sp
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import textwrap
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -17,6 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import kairos as kr
 from kairos import telemetry
+from kairos.server import create_app
 from tests.telemetry.conftest import attribute_values, children, named, one
 
 PRIVATE_ID = "acct-7f3c-private"  # the key a SQL statement is bound to: in no span
@@ -213,3 +216,27 @@ def test_a_plan_run_outside_a_traced_operation_makes_no_orphan_spans(
     outcome = bank._sync(run)
     assert outcome.columns["account.name"].values == ["Ada"]
     assert spans.get_finished_spans() == ()
+
+
+def test_server_spans_are_named_by_route_templates_never_by_ids(
+    bank: kr.Client, spans: InMemorySpanExporter
+) -> None:
+    async def ask() -> list[int]:
+        transport = httpx.ASGITransport(app=create_app(bank))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            paths = ["/healthz", f"/v1/log/{PRIVATE_ID}", "/ui/login", "/no/such/page"]
+            return [(await http.get(path)).status_code for path in paths]
+
+    statuses = asyncio.run(ask())
+    assert statuses[0] == 200 and statuses[3] == 404
+    served = [s for s in spans.get_finished_spans() if s.kind is SpanKind.SERVER]
+    assert [s.name for s in sorted(served, key=lambda s: s.start_time or 0)] == [
+        "GET /healthz",
+        "GET /v1/log/{query_id}",
+        "GET /ui/login",
+        "GET",
+    ]
+    routes = [dict(s.attributes or {}).get("http.route") for s in served]
+    assert not [r for r in routes if PRIVATE_ID in str(r)]  # the path is in url.path only
+    codes = [dict(s.attributes or {}).get("http.response.status_code") for s in served]
+    assert sorted(c for c in codes if isinstance(c, int)) == sorted(statuses)

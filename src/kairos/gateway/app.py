@@ -347,7 +347,7 @@ class GatewayApp:
 
     def _span_route(self, scope: Scope) -> str:
         """The route a request's span is named by: its path where that is a route, the
-        template of a route with an id in it, else `unmatched` (never a raw unknown path)."""
+        template of a route with an id in it, else "" (never a raw unknown path)."""
         path: str = scope["path"]
         if path in self.routes or path.rstrip("/") in self.routes:
             return path.rstrip("/") or "/"
@@ -355,7 +355,7 @@ class GatewayApp:
             return "/admin/keys/{id}"
         if path.startswith("/v1/models/"):
             return "/v1/models/{model}"
-        return "unmatched"
+        return ""
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
