@@ -164,18 +164,30 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+STDERR: dict[int, Any] = {}  # a process's stderr: a file, never a pipe left undrained
+
+
 def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (open while it runs)
+    process = subprocess.Popen(
         args, cwd=ROOT, env={**os.environ, **(env or {})}, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
+    STDERR[process.pid] = log
+    return process
+
+
+def stderr_of(process: subprocess.Popen[bytes]) -> bytes:
+    log = STDERR[process.pid]
+    log.seek(0)
+    return bytes(log.read()[-2000:])
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{url} exited: {process.stderr.read()[-2000:]!r}")  # type: ignore[union-attr]
+            raise RuntimeError(f"{url} exited: {stderr_of(process)!r}")
         try:
             with urllib.request.urlopen(url, timeout=1):
                 return

@@ -238,23 +238,25 @@ def gateway_process(
     }  # fmt: skip
     (folder / "kairos.yaml").write_text(yaml.safe_dump({"gateway": section}))
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kairos.cli", "gateway", "serve", "--project", str(folder),
-         "--port", str(port)],
-        cwd=ROOT, env={**os.environ, **ENVIRON}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    log = folder / "gateway.log"  # a file: a pipe nobody reads would fill with access lines
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kairos.cli", "gateway", "serve", "--project", str(folder),
+             "--port", str(port)],
+            cwd=ROOT, env={**os.environ, **ENVIRON}, stdout=sink, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
         while True:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
                 break
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway did not start: {process.stderr.read()!r}")  # type: ignore[union-attr]
+                raise RuntimeError(f"the gateway did not start: {log.read_text()!r}")
             time.sleep(0.1)
         yield port
     finally:
         process.terminate()
-        process.communicate(timeout=30)
+        process.wait(timeout=30)
 
 
 def _uvicorn(upstream: FakeUpstream, factory: pytest.TempPathFactory, parser: str) -> Iterator[int]:

@@ -111,11 +111,13 @@ class Served:
     def __init__(self, project: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", "from kairos.cli import main; raise SystemExit(main())",
-             "gateway", "serve", "--project", str(project), "--port", str(self.port)],
-            env={**os.environ, **ENVIRON}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
+        self.log = project / f"gateway-{self.port}.log"  # a pipe would fill with access lines
+        with self.log.open("wb") as sink:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", "from kairos.cli import main; raise SystemExit(main())",
+                 "gateway", "serve", "--project", str(project), "--port", str(self.port)],
+                env={**os.environ, **ENVIRON}, stdout=subprocess.DEVNULL, stderr=sink,
+            )  # fmt: skip
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -131,7 +133,7 @@ class Served:
     def stderr(self) -> str:
         if self.process.poll() is None:
             return ""
-        return self.process.communicate(timeout=5)[1].decode(errors="replace")
+        return self.log.read_text(errors="replace")
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
