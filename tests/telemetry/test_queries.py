@@ -14,11 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 import kairos as kr
-from kairos import telemetry
+from kairos import features, online, telemetry
 from kairos.server import create_app
 from tests.telemetry.conftest import attribute_values, children, named, one
 
@@ -240,3 +241,26 @@ def test_server_spans_are_named_by_route_templates_never_by_ids(
     assert not [r for r in routes if PRIVATE_ID in str(r)]  # the path is in url.path only
     codes = [dict(s.attributes or {}).get("http.response.status_code") for s in served]
     assert sorted(c for c in codes if isinstance(c, int)) == sorted(statuses)
+
+
+@features
+class Probe:
+    id: str
+    seen: int
+
+
+SEEN: list[int] = []  # the span id current in the resolver's thread
+
+
+@online
+def probe_seen(pid: Probe.id) -> Probe.seen:
+    SEEN.append(trace.get_current_span().get_span_context().span_id)
+    return len(pid)
+
+
+def test_a_sync_resolvers_code_runs_inside_its_nodes_span(spans: InMemorySpanExporter) -> None:
+    SEEN.clear()
+    with kr.Client(definitions=[Probe, probe_seen], query_log="none://") as client:
+        assert client.query({"probe.id": "abc"}, ["probe.seen"]).get_value("probe.seen") == 3
+    node = one(spans, "kairos.resolver probe_seen")
+    assert [node.context.span_id] == SEEN  # a span the user's code makes is the node's child

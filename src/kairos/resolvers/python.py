@@ -12,6 +12,7 @@ The decorated object is still a plain callable, so users unit-test it by calling
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import hashlib
 import inspect
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
+from kairos import telemetry
 from kairos.definitions.durations import DurationLike, optional_duration
 from kairos.definitions.feature import FeatureRef, HasManyRef, ref_of
 from kairos.definitions.types import DataFrameSpec, FeaturesSpec, Now
@@ -130,6 +132,8 @@ class PythonRunner:
                 except Exception as error:  # the user's resolver
                     results[index] = (False, error)
 
+        if telemetry.TRACER is not None:  # the node's span is current in the user's code too
+            run_all = functools.partial(contextvars.copy_context().run, run_all)
         await asyncio.get_running_loop().run_in_executor(pool, run_all)
 
     async def run_batch(
