@@ -91,12 +91,27 @@ _GGUF_LOCK = threading.Lock()
 
 
 @functools.cache
+def _silent_llama_log() -> Any:
+    """A llama.cpp log callback that prints nothing (cached: llama.cpp keeps calling it)."""
+    import llama_cpp  # type: ignore[import-not-found, unused-ignore]
+
+    return llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+
+
+@functools.cache
 def gguf_tokenizer(path: str) -> Tokenizer:
     """A GGUF model's own tokenizer (vocabulary only; no weights are loaded)."""
-    from llama_cpp import Llama  # type: ignore[import-not-found, unused-ignore]
+    import llama_cpp  # type: ignore[import-not-found, unused-ignore]
+    from llama_cpp import _logger  # type: ignore[import-not-found, unused-ignore]
 
     with _GGUF_LOCK:
-        vocab = Llama(model_path=path, vocab_only=True, verbose=False)
+        # a vocabulary has no context length, so llama.cpp warns "n_ctx_seq (512) >
+        # n_ctx_train (0)" on stderr whatever `verbose` says: its log is silent while it loads
+        llama_cpp.llama_log_set(_silent_llama_log(), None)
+        try:
+            vocab = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+        finally:
+            llama_cpp.llama_log_set(_logger.llama_log_callback, None)
     # freed before the interpreter tears down llama.cpp's bindings, which its __del__ needs
     atexit.register(vocab.close)
     lengths = [v for k, v in vocab.metadata.items() if k.endswith(".context_length")]
