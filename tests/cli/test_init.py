@@ -21,9 +21,10 @@ import pytest
 
 import kairos as kr
 from kairos.cli.main import main
-from kairos.client.project_gateway import FEATURES_KEY
+from kairos.client.project_gateway import FEATURES_KEY, features_key
 
-pytestmark = pytest.mark.slow
+# each starts Gemma 3 270M (seconds; more on a loaded machine)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture
@@ -88,12 +89,11 @@ def test_the_embedded_client_answers_the_llm_feature_with_gemma(project: Path) -
     assert row.cost_micros == 0  # a local model is free unless priced
     assert not any(alive(pid) for pid in pids)  # closed: no worker left
 
-    again = kr.Client(project)  # a restart reuses the key: its budget keeps counting
-    try:
-        assert again.query({"user.id": "u2"}, ["user.summary"]).errors == []
+    with kr.Client(project) as again:  # a restart reuses the key: its budget keeps counting
+        budgets = [{"period": "day", "tokens": 200000}]
+        reused = asyncio.run(features_key(again.llm.gateway(), ["local/gemma-270m"], budgets))
+        assert reused.id == key.id
         assert [k.id for k in asyncio.run(again.llm.gateway().list_keys())] == [key.id]
-    finally:
-        again.close()
 
 
 def test_kairos_gateway_commands_read_the_same_gateway(
@@ -199,3 +199,49 @@ def test_the_llm_feature_names_the_install_when_llama_cpp_is_missing(
         assert "pip install 'kairos-inference[llm]'" in error.message
         assert client.llm.deployments.status()["gemma-270m"].state == "unavailable"
         assert client.llm.deployments.pids() == []
+
+
+def test_kairos_gateway_serve_runs_the_deployment(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--project", str(project)]
+    assert main(["gateway", "keys", "create", "--name", "app", "--json", *args]) == 0
+    key = json.loads(capsys.readouterr().out)["key"]
+    port = free_port()
+    output = project.parent / "gateway.out"
+    with output.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kairos.cli", "gateway", "serve", *args, "--port", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        body = {
+            "model": "local/gemma-270m",
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 4,
+        }
+        headers = {"Authorization": f"Bearer {key}"}
+        deadline = time.monotonic() + 100
+        while True:  # the gateway answers 503 until its replica serves
+            assert process.poll() is None, output.read_text()
+            assert time.monotonic() < deadline, output.read_text()
+            try:
+                reply = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    json=body, headers=headers, timeout=60,
+                )  # fmt: skip
+            except httpx.TransportError:
+                reply = None
+            if reply is not None and reply.status_code == 200:
+                break
+            time.sleep(0.2)
+        assert reply.json()["usage"]["completion_tokens"] > 0
+        (worker,) = workers_of(process.pid)
+        os.kill(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=60) in (0, -signal.SIGTERM), output.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+    assert not alive(worker)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import importlib.util
 import shutil
 import threading
@@ -206,8 +207,12 @@ class LocalDeployments:
         return bool(self.specs)
 
     def providers(self) -> dict[str, DeploymentProvider]:
-        """One gateway provider per deployment, named like it."""
-        return {name: DeploymentProvider(group) for name, group in self.groups.items()}
+        """One gateway provider per deployment, named like it; a call waits for its group
+        to serve (starting it on first use) instead of failing while it loads."""
+        return {
+            name: DeploymentProvider(group, ready=functools.partial(self.ready, name))
+            for name, group in self.groups.items()
+        }
 
     def vocabulary(self, name: str) -> str | None:
         """The GGUF file whose vocabulary counts the tokens of deployment `name` (a

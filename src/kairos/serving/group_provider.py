@@ -11,7 +11,7 @@ does the HTTP (its errors are the gateway's `UpstreamError`s, so failover and br
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from kairos.gateway.config import ProviderConfig
@@ -67,9 +67,17 @@ class DeploymentProvider:
 
     kinds = frozenset({"chat", "completion"})
 
-    def __init__(self, group: DeploymentGroup, *, name: str | None = None) -> None:
+    def __init__(
+        self,
+        group: DeploymentGroup,
+        *,
+        name: str | None = None,
+        ready: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.name = name or group.name
         self.group = group
+        # awaited before each call: a group started on demand serves once this returns
+        self._ready = ready
         self._upstreams: dict[str, OpenAICompatible] = {}  # replica URL -> its client
 
     def __repr__(self) -> str:
@@ -88,6 +96,8 @@ class DeploymentProvider:
     async def _lease(self) -> tuple[Any, Any]:
         """(the lease, its replica); a group with no replica to give is a retryable 503."""
         try:
+            if self._ready is not None:
+                await self._ready()
             lease = self.group.lease()
             return lease, await lease.__aenter__()
         except DeploymentError as error:
