@@ -15,7 +15,10 @@ import httpx
 import pytest
 import yaml
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
 
 import kairos as kr
@@ -264,3 +267,18 @@ def test_a_sync_resolvers_code_runs_inside_its_nodes_span(spans: InMemorySpanExp
         assert client.query({"probe.id": "abc"}, ["probe.seen"]).get_value("probe.seen") == 3
     node = one(spans, "kairos.resolver probe_seen")
     assert [node.context.span_id] == SEEN  # a span the user's code makes is the node's child
+
+
+def test_a_query_the_sampler_leaves_out_records_nothing(bank: kr.Client) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    before = (telemetry.TRACER, telemetry._configured)
+    telemetry.configure(provider)
+    try:
+        result = bank.query({"account.id": PRIVATE_ID}, OUTPUTS)
+    finally:
+        telemetry.TRACER, telemetry._configured = before
+        provider.shutdown()
+    assert result.errors == [] and result.get_value("account.doubled") == 3.0
+    assert exporter.get_finished_spans() == ()
