@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import stat
 import time
 from pathlib import Path
@@ -187,6 +188,30 @@ def test_readyz_reports_a_deployment_starting_then_ready(tiny_project: Path) -> 
     seen = asyncio.run(probe())
     assert seen[0] == (503, {"status": "starting", "deployments": {"tiny": "starting"}})
     assert seen[-1] == (200, {"status": "ready", "deployments": {"tiny": "ready"}})
+
+
+def test_readyz_says_restarting_while_a_dead_replica_comes_back(tiny_project: Path) -> None:
+    async def probe() -> list[str]:
+        with kr.Client(tiny_project) as client:
+            await client.llm.deployments.ready("tiny")
+            (pid,) = client.llm.deployments.pids()
+            os.kill(pid, signal.SIGKILL)
+            transport = httpx.ASGITransport(app=create_app(client))
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+                seen: list[str] = []
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    answer = await http.get("/readyz")
+                    state = answer.json()["deployments"]["tiny"]
+                    seen.append(f"{answer.status_code} {state}")
+                    if seen[-1] == "200 ready" and "503 restarting" in seen:
+                        break
+                    await asyncio.sleep(0.05)
+                return seen
+
+    seen = asyncio.run(probe())
+    assert "503 restarting" in seen
+    assert seen[-1] == "200 ready"  # the supervisor started it again
 
 
 def test_a_deployment_that_cannot_start_names_the_setting(tmp_path: Path) -> None:

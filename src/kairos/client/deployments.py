@@ -183,7 +183,9 @@ def routes_to(config: GatewayConfig, model: str, names: Iterable[str]) -> tuple[
 class DeploymentState:
     """What `/readyz` reports of one deployment."""
 
-    state: str  # idle (not asked for yet) | starting | ready | failed | unavailable
+    # idle (not asked for yet) | starting | ready | restarting (no replica serves now) |
+    # failed (could not start) | unavailable (its engine is not installed here)
+    state: str
     error: str | None = None
 
 
@@ -262,6 +264,8 @@ class LocalDeployments:
             elif (error := future.exception()) is not None:
                 state = "unavailable" if isinstance(error, DeploymentUnavailable) else "failed"
                 found[name] = DeploymentState(state, str(error))
+            elif not self.groups[name].ready:  # every replica died since: being restarted
+                found[name] = DeploymentState("restarting")
             else:
                 found[name] = DeploymentState("ready")
         return found

@@ -386,13 +386,13 @@ class Server:
         for name, found in self.client.llm.deployments.status().items():
             detail = f": {found.error}" if found.error and self.authorized(request) else ""
             deployments[name] = found.state + detail
-            if found.state in ("starting", "failed"):
+            if found.state in ("starting", "restarting", "failed"):
                 waiting.append(found.state)
         body: dict[str, Any] = {"deployments": deployments} if deployments else {}
         if problems:
             return json_response({"status": "unavailable", "sources": problems, **body}, 503)
         if waiting:
-            status = "starting" if set(waiting) == {"starting"} else "unavailable"
+            status = "starting" if set(waiting) <= {"starting", "restarting"} else "unavailable"
             return json_response({"status": status, **body}, 503)
         return json_response({"status": "ready", **body})
 
