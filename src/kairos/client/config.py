@@ -14,6 +14,10 @@
     logging:                                    # how `kairos serve` logs, to stderr
       level: info
       format: text                              # or json: one object a line
+    deployments:                                # local LLM replicas the gateway serves
+      gemma-270m: {engine: llamacpp, model: gemma3-270m, threads: 2, ctx: 4096}
+    gateway: {aliases: {local/gemma-270m: gemma-270m}}   # kairos.gateway.config
+    llm: {budgets: [{period: day, tokens: 200000}]}      # LLMConfig below
 
 `${VAR}` is read from the environment when the project loads; secrets are never logged.
 """
