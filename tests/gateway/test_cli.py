@@ -106,5 +106,8 @@ def test_gateway_serve_runs_its_own_deployment(project: Path) -> None:
         assert httpx.get(f"{url}/ui/gateway").status_code == 303  # not signed in
     finally:
         process.terminate()
-        out, _ = process.communicate(timeout=20)
+        out, err = process.communicate(timeout=20)
     assert b"/ui" in out
+    # stopped cleanly: its access lines on stderr, and no DuckDB object reported leaked at exit
+    assert b"POST /v1/chat/completions 200" in err
+    assert b"nanobind" not in err and b"leaked" not in err
