@@ -69,7 +69,7 @@ def test_a_bad_value_fails_at_load_naming_the_field(
 def restored() -> Iterator[None]:
     """The process's logging as it was, after a test configures it."""
     root = logging.getLogger()
-    names = [*UVICORN, "kairos.access", "kairos.gateway"]
+    names = [*UVICORN, "uvicorn.access", "kairos.access", "kairos.gateway"]
     saved = (root.level, list(root.handlers))
     loggers = {
         name: (lg.level, list(lg.handlers), lg.propagate, lg.disabled)
@@ -99,6 +99,7 @@ def test_json_lines_carry_the_access_fields_and_uvicorns_lines_share_the_format(
     )  # fmt: skip
     logging.getLogger("uvicorn.error").warning("a uvicorn warning")
     logging.getLogger("uvicorn.error").info("below the level: not written")
+    logging.getLogger("uvicorn.access").warning("uvicorn's access line: kairos.access's instead")
     logging.getLogger("kairos.engine").info("below the level: not written")
     access, uvicorn = (json.loads(line) for line in stream.getvalue().splitlines())
     assert {k: access[k] for k in ("method", "path", "status", "duration_ms", "query_id")} == {
@@ -128,7 +129,9 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_kairos_serve_writes_json_lines_to_stderr(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_kairos_serve_writes_json_lines_to_stderr(tmp_path: Path, workers: str) -> None:
+    """In one process and in each of --workers 2 (which configure their logging again)."""
     project = tmp_path / "project"
     subprocess.run([*KAIROS, "init", str(project)], check=True, capture_output=True)
     with (project / "kairos.yaml").open("a") as yaml:
@@ -137,7 +140,7 @@ def test_kairos_serve_writes_json_lines_to_stderr(tmp_path: Path) -> None:
     err = tmp_path / "serve.err"
     with err.open("wb") as sink:
         process = subprocess.Popen(
-            [*KAIROS, "serve", str(project), "--port", str(port)],
+            [*KAIROS, "serve", str(project), "--port", str(port), "--workers", workers],
             stdout=subprocess.DEVNULL, stderr=sink, cwd=project,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -171,6 +174,7 @@ def test_kairos_serve_writes_json_lines_to_stderr(tmp_path: Path) -> None:
     assert access[-1]["query_id"] == answer.json()["query_id"]
     uvicorn = [r for r in records if r["logger"].startswith("uvicorn")]
     assert uvicorn and all("color_message" not in r for r in uvicorn), text  # JSON as well
+    assert not [r for r in uvicorn if r["logger"] == "uvicorn.access"]  # kairos.access's instead
     assert "hidden" not in text
     # the heap frozen for the server's life is unfrozen at exit: DuckDB's objects are freed
     assert "nanobind" not in text and "leaked" not in text

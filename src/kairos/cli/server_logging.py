@@ -18,7 +18,7 @@ from pythonjsonlogger.orjson import OrjsonFormatter
 from kairos.client.config import LoggingConfig
 
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-UVICORN = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
+UVICORN = ("uvicorn", "uvicorn.error", "uvicorn.asgi")
 
 
 class ServerHandler(logging.StreamHandler[TextIO]):
@@ -53,6 +53,9 @@ def configure_logging(config: LoggingConfig, stream: TextIO | None = None) -> No
         uvicorn.handlers.clear()
         uvicorn.propagate = True
         uvicorn.setLevel(logging.NOTSET)
+    uvicorn_access = logging.getLogger("uvicorn.access")  # kairos.access writes those lines
+    uvicorn_access.handlers.clear()
+    uvicorn_access.propagate = False
     access = logging.getLogger("kairos.access")
     access.disabled = not config.access
     access.setLevel(logging.INFO)  # access lines show at any level while `access` is on
