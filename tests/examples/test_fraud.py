@@ -21,6 +21,7 @@ USERS = [f"u{i:04d}" for i in range(1, 201)]
 def client() -> Iterator[kr.Client]:
     generate()
     with kr.Client(PROJECT) as client:
+        client.models.warm()  # as `kairos serve` does: a cold model load is not a 5 s timeout
         yield client
 
 

@@ -2,6 +2,7 @@
 by `load(folder)` without pickle."""
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +52,18 @@ class Raising:
         if (a < 0).any():
             raise RuntimeError("negative a: the weights only cover a >= 0")
         return np.asarray(a + np.asarray(df["b"]))
+
+
+class SlowToLoad:
+    """A model whose artifact takes `LOAD_SECONDS` to load (a framework's first import)."""
+
+    LOAD_SECONDS = 1.0
+    inputs = ("a", "b")
+
+    @classmethod
+    def load(cls, folder: Path) -> "SlowToLoad":
+        time.sleep(cls.LOAD_SECONDS)
+        return cls()
+
+    def predict(self, df: Any) -> np.ndarray:
+        return np.asarray(df["a"]) * 2

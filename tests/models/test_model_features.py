@@ -18,7 +18,7 @@ from kairos import Features, _, features, online
 from kairos.client.config import Config, ModelsConfig
 from kairos.models import ArtifactVolume, ModelStore, model_registry_from_url
 
-from .custom_model import Raising
+from .custom_model import Raising, SlowToLoad
 
 
 @features
@@ -107,6 +107,30 @@ def test_a_model_that_raises_is_that_features_error(client: kr.Client) -> None:
     [error] = failing.errors
     assert (error.feature, error.code) == ("account.broken", "resolver_error")
     assert "RuntimeError" in error.message and "weights only cover a >= 0" in error.message
+
+
+@features
+class Slow:
+    id: str
+    a: float
+    b: float
+    doubled: float = kr.predict("slow", inputs=[_.a, _.b], timeout="300ms")
+
+
+@online
+def slow_inputs(sid: Slow.id) -> Features[Slow.a, Slow.b]:
+    return 21.0, 0.0
+
+
+def test_a_models_first_load_is_not_spent_from_its_timeout(tmp_path: Path) -> None:
+    # a fresh process loads the artifact on its first query; the 300 ms bound is the call's
+    with kr.Client(definitions=[Slow, slow_inputs], config=config(tmp_path)) as client:
+        client.models.register("slow", SlowToLoad(), inputs=["a", "b"])
+    with kr.Client(definitions=[Slow, slow_inputs], config=config(tmp_path)) as client:
+        started = time.perf_counter()
+        result = client.query({Slow.id: "s1"}, [Slow.doubled])
+        assert time.perf_counter() - started >= SlowToLoad.LOAD_SECONDS  # it did load here
+        assert result.errors == [] and result.get_value(Slow.doubled) == 42.0
 
 
 def test_a_model_with_the_wrong_number_of_inputs_is_a_clear_feature_error(

@@ -30,6 +30,7 @@ def client(fraud_db: Path, tmp_path: Path) -> Iterator[kr.Client]:
     """A client on the example project; its query log is a file of this test's own, so a test
     reads back only the queries it made."""
     with kr.Client(PROJECT, query_log=f"sqlite:///{tmp_path / 'query_log.db'}") as client:
+        client.models.warm()  # as `kairos serve` does: a cold model load is not a 5 s timeout
         yield client
 
 

@@ -586,6 +586,9 @@ class _Run:
         rows = ready
         results: list[tuple[bool, Any] | None] = [None] * len(rows)
         status = "ok"
+        prepare = node.resolver.prepare  # a model's first load is not the call's time
+        if prepare is not None:
+            await prepare()
         with computing(rows):  # model and LLM calls report which entities they computed
             work = node.resolver.runner.run(calls, results, self.engine.pool)
             try:

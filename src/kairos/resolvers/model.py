@@ -11,7 +11,9 @@ an alias moves, the client builds new resolvers and a new planner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -55,6 +57,8 @@ class ModelResolver(Resolver[..., Any]):
         self._load = load
         self._touch = touch
         self._predictor: Predictor | None = None
+        self._loading = threading.Lock()
+        self.prepare = self._prepare
         self.input_names = tuple(ref.fqn for ref in inputs)
         fn = self._make_function(inputs)
         name = f"model:{options.model}:{output.fqn}"
@@ -89,10 +93,25 @@ class ModelResolver(Resolver[..., Any]):
         return predict
 
     def warm(self) -> None:
-        """Load the predictor now (a server does before it takes traffic), so the first query
-        does not spend its resolver timeout loading the model."""
+        """Load the predictor now (a server does before it takes traffic)."""
         if self.record is not None and self.problem is None and self._predictor is None:
-            self._predictor = self._load(self.record)
+            self._loaded()
+
+    def _loaded(self) -> Predictor:
+        """The predictor, loaded once however many queries ask for it at the same time."""
+        assert self.record is not None
+        with self._loading:
+            if self._predictor is None:
+                self._predictor = self._load(self.record)
+            return self._predictor
+
+    async def _prepare(self) -> None:
+        """Load the artifact before the engine starts the call's timeout, so a first query
+        after a start (a fresh import of the model's framework: seconds) is not a timeout.
+        A load that fails is left to the call, which fails the feature with its error."""
+        if self._predictor is None and self.record is not None and self.problem is None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._loaded)
 
     async def predict_columns(self, columns: tuple[list[Any], ...]) -> list[Any]:
         """One model call (through the micro-batcher) for every entity of a query."""
@@ -102,8 +121,7 @@ class ModelResolver(Resolver[..., Any]):
             raise ModelUnavailable(self.problem or f"model {self.options.model!r} is unavailable")
         predictor = self._predictor
         if predictor is None:
-            predictor = await asyncio.to_thread(self._load, self.record)
-            self._predictor = predictor
+            predictor = await asyncio.to_thread(self._loaded)
         rows = len(columns[0]) if columns else 0
         matrix = np.empty((rows, len(columns)), dtype=predictor.schema.dtype)
         for index, column in enumerate(columns):

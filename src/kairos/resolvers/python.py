@@ -16,7 +16,7 @@ import contextvars
 import functools
 import hashlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -51,6 +51,10 @@ class Signature:
 
 class Resolver(Generic[P, R]):
     """A user function plus what kairos needs to call it; calling it calls the function."""
+
+    # what the engine awaits before a call's timeout starts: a one-time load (a model's
+    # artifact) that is not the call's latency; None for resolvers with nothing to load
+    prepare: Callable[[], Awaitable[None]] | None = None
 
     def __init__(
         self,

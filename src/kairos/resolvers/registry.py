@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -48,6 +48,11 @@ class BoundResolver:
     shape: str  # one | many | rows
     runner: Runner
     kind: str = "python"  # python | sql | model
+
+    @property
+    def prepare(self) -> Callable[[], Awaitable[None]] | None:
+        """What the engine awaits before the call's timeout starts (a model's first load)."""
+        return getattr(self.resolver, "prepare", None)
 
     @property
     def name(self) -> str:
