@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kairos.cli.server_logging import UVICORN, ServerHandler, configure_logging
+from kairos.cli.server_logging import QUIET, UVICORN, ServerHandler, configure_logging
 from kairos.client.config import Config, LoggingConfig
 from kairos.errors import ProjectError
 
@@ -69,7 +69,7 @@ def test_a_bad_value_fails_at_load_naming_the_field(
 def restored() -> Iterator[None]:
     """The process's logging as it was, after a test configures it."""
     root = logging.getLogger()
-    names = [*UVICORN, "uvicorn.access", "kairos.access", "kairos.gateway"]
+    names = [*UVICORN, *QUIET, "uvicorn.access", "kairos.access", "kairos.gateway"]
     saved = (root.level, list(root.handlers))
     loggers = {
         name: (lg.level, list(lg.handlers), lg.propagate, lg.disabled)
@@ -118,6 +118,7 @@ def test_access_off_and_a_loggers_own_level() -> None:
     assert not logging.getLogger("kairos.access").isEnabledFor(logging.INFO)
     logging.getLogger("kairos.gateway").debug("routing %s", "chat")
     logging.getLogger("kairos.models").debug("not at debug: not written")
+    logging.getLogger("httpx").info("HTTP Request: GET http://127.0.0.1:1/v1/load: quieted")
     (line,) = stream.getvalue().splitlines()
     assert line.endswith(" DEBUG kairos.gateway: routing chat")
 

@@ -19,6 +19,8 @@ from kairos.client.config import LoggingConfig
 
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 UVICORN = ("uvicorn", "uvicorn.error", "uvicorn.asgi")
+# a line per HTTP call at INFO: the replica supervisor's polls would flood the log
+QUIET = {"httpx": "warning", "httpcore": "warning"}
 
 
 class ServerHandler(logging.StreamHandler[TextIO]):
@@ -59,5 +61,5 @@ def configure_logging(config: LoggingConfig, stream: TextIO | None = None) -> No
     access = logging.getLogger("kairos.access")
     access.disabled = not config.access
     access.setLevel(logging.INFO)  # access lines show at any level while `access` is on
-    for name, level in config.levels.items():
+    for name, level in {**QUIET, **config.levels}.items():
         logging.getLogger(name).setLevel(level.upper())
