@@ -7,17 +7,13 @@ from importlib import metadata
 import pytest
 
 import kairos
-from kairos.cli.main import version
+from kairos.cli.main import DISTRIBUTION, version
+from kairos.errors import KairosError
 
 
 def _installed() -> str:
-    """The version pip installed, under the distribution's new name or its old one."""
-    for name in ("kairos-inference", "kairos"):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    raise AssertionError("kairos is not installed as a distribution")
+    """The version pip installed."""
+    return metadata.version("kairos-inference")
 
 
 def test_version_prints_the_installed_version() -> None:
@@ -32,15 +28,16 @@ def test_version_prints_the_installed_version() -> None:
     assert _installed() == kairos.__version__  # one version, not two
 
 
-def test_version_reads_whichever_name_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_version_reads_the_kairos_inference_distribution(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     asked = []
 
-    def installed_as_kairos(name: str) -> str:
+    def not_installed(name: str) -> str:
         asked.append(name)
-        if name != "kairos":
-            raise metadata.PackageNotFoundError(name)
-        return "9.9.9"
+        raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(metadata, "version", installed_as_kairos)
-    assert version() == "9.9.9"
-    assert asked == ["kairos-inference", "kairos"]
+    monkeypatch.setattr(metadata, "version", not_installed)
+    with pytest.raises(KairosError, match="pip install kairos-inference"):
+        version()
+    assert asked == [DISTRIBUTION] == ["kairos-inference"]  # never `kairos`: another project

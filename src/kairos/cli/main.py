@@ -33,22 +33,22 @@ from kairos.errors import KairosError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# the distribution's name, newest first: it was published as `kairos` before
-_DISTRIBUTIONS = ("kairos-inference", "kairos")
+# the distribution's name on PyPI (`kairos` there is another project)
+DISTRIBUTION = "kairos-inference"
 
 
 def version() -> str:
-    """The installed kairos's version, whichever name it was installed under.
+    """The installed kairos's version.
 
     >>> version()  # doctest: +SKIP
     '0.1.0'
     """
-    for name in _DISTRIBUTIONS:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    raise KairosError(f"kairos is not installed as a distribution ({' or '.join(_DISTRIBUTIONS)})")
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        raise KairosError(
+            f"kairos is not installed as a distribution; pip install {DISTRIBUTION}"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
