@@ -220,13 +220,15 @@ def serve_command(project: str, host: str | None, port: int | None) -> int:
         raise KairosError(
             f"refusing to serve on {host} without an admin key; set gateway.admin_key_env"
         )
-    configure_logging(LoggingConfig.load(project))  # kairos.yaml `logging:`, to stderr
     deployments = LocalDeployments(project_deployments(Path(project)), Path(project))
     gateway = Gateway(config, providers=gateway_providers(config, deployments))
     app = with_dashboard(
         create_gateway_app(gateway, close_gateway=True),
         UI(gateway=gateway, admin_key=config.admin_key),
     )
+    # kairos.yaml `logging:`, to stderr, once the gateway is built: a command that fails
+    # before (a missing credential) leaves the process's logging as it was
+    configure_logging(LoggingConfig.load(project))
     freeze_heap()  # unfrozen at exit: DuckDB's objects are freed, not reported leaked
 
     def started() -> None:
