@@ -19,7 +19,7 @@ def test_the_wheel_holds_every_template_and_stylesheet(tmp_path: Path) -> None:
          "-w", str(tmp_path), str(ROOT)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
-    (wheel,) = tmp_path.glob("kairos-*.whl")
+    (wheel,) = tmp_path.glob("kairos_inference-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assets = [p for folder in ("templates", "static") for p in (UI / folder).iterdir()]
     assert len(assets) >= 10
