@@ -6,9 +6,12 @@ budgets, re-issue and revocation) and the local pepper file."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import os
 import signal
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -334,6 +337,22 @@ def test_the_pepper_file_is_made_once_and_private(tmp_path: Path) -> None:
     path.chmod(0o644)
     with pytest.raises(KairosError, match=r"others may read it .*chmod 600"):
         local_pepper(path)
+
+
+def _pepper_after(start: threading.Barrier, path: Path, _: int) -> str:
+    start.wait()
+    return local_pepper(path)
+
+
+def test_processes_making_the_pepper_at_once_agree(tmp_path: Path) -> None:
+    """Workers starting together: none reads a half-made file, all get the same pepper."""
+    for attempt in range(20):
+        path = tmp_path / str(attempt) / ".kairos" / "gateway.pepper"
+        make = functools.partial(_pepper_after, threading.Barrier(8), path)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            peppers = set(pool.map(make, range(8)))
+        assert len(peppers) == 1 and len(peppers.pop()) >= 32
+        assert [p.name for p in path.parent.iterdir()] == ["gateway.pepper"]  # no draft left
 
 
 def test_a_gateway_given_in_keeps_its_own_key_rule(tmp_path: Path) -> None:

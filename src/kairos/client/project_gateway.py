@@ -27,6 +27,7 @@ stops the features within the gateway's `key_cache`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -114,27 +115,30 @@ def gateway_config(folder: Path, section: Mapping[str, Any]) -> GatewayConfig:
 
 def local_pepper(path: Path) -> str:
     """The pepper kept in `path`: read, or made (random, mode 0600) when it is not there yet.
-    Several processes starting at once agree: one creates the file, the others read it."""
+    Several processes starting at once agree: one links its file in place, the others read
+    it. The file appears whole (written under a private name, then linked), so no process
+    ever reads it half made."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(descriptor, "w") as file:
-            file.write(secrets.token_urlsafe(32))
+    if not path.exists():
+        draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(descriptor, "w") as file:
+                file.write(secrets.token_urlsafe(32))
+            with contextlib.suppress(FileExistsError):  # another process linked its own first
+                os.link(draft, path)
+        finally:
+            draft.unlink()
     mode = path.stat().st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise KairosError(
             f"{path} holds the gateway's pepper but others may read it (mode "
             f"{stat.S_IMODE(mode):o}); run `chmod 600 {path}`"
         )
-    for _ in range(50):  # another process may be writing it this instant
-        pepper = path.read_text().strip()
-        if pepper:
-            return pepper
-        os.sched_yield()
-    raise KairosError(f"{path} is empty; delete it and a new pepper is made")
+    pepper = path.read_text().strip()
+    if not pepper:
+        raise KairosError(f"{path} is empty; delete it and a new pepper is made")
+    return pepper
 
 
 def _local_file(url: str) -> bool:
