@@ -355,6 +355,31 @@ def test_processes_making_the_pepper_at_once_agree(tmp_path: Path) -> None:
         assert [p.name for p in path.parent.iterdir()] == ["gateway.pepper"]  # no draft left
 
 
+def test_a_missing_tokenizer_file_names_its_setting_and_the_server_still_starts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kairos serve's start loads llm.tokenizers ahead: a missing file is one warning line
+    (it used to end the start with llama.cpp's ValueError traceback), and the setting's
+    error is what the feature reports."""
+    project = write_project(tmp_path / "p", "llm:\n  tokenizers: {local/tiny: nothere.gguf}\n")
+
+    async def start() -> int:
+        with kr.Client(project) as client:
+            app = create_app(client)
+            async with app.router.lifespan_context(app):  # kairos serve's start
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                    return (await http.get("/readyz")).status_code
+
+    assert asyncio.run(start()) == 200
+    (warning,) = [r for r in caplog.records if r.name == "kairos.client.llm"]
+    assert warning.levelname == "WARNING"
+    assert "llm.tokenizers.local/tiny: no GGUF file" in warning.getMessage()
+    assert str(project / "nothere.gguf") in warning.getMessage()
+    with kr.Client(project) as client, pytest.raises(ProjectError, match=r"llm\.tokenizers"):
+        client.llm.tokenizer("local/tiny")
+
+
 def test_a_gateway_given_in_keeps_its_own_key_rule(tmp_path: Path) -> None:
     """Client(gateway=...) is the caller's wiring: no key is issued, deployments are not run."""
     project = write_project(tmp_path / "p")

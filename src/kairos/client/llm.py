@@ -20,6 +20,7 @@ packaged all-MiniLM-L6-v2) are computed in process.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import weakref
@@ -42,7 +43,7 @@ from kairos.client.project_gateway import (
     gateway_providers,
     gateway_section,
 )
-from kairos.errors import KairosError
+from kairos.errors import KairosError, ProjectError
 from kairos.gateway import Gateway, GatewayConfig
 from kairos.gateway.keys import KeyRecord
 from kairos.llm.embeddings import LOCAL_MINILM, LocalEmbedder
@@ -51,6 +52,8 @@ from kairos.resolvers.llm import CompletionResolver, EmbeddingResolver
 from kairos.serving.deploy import DeploymentSpec
 
 __all__ = ["PACKAGED_GEMMA", "GatewayCompleter", "NoGateway", "feature_models", "packaged_gemma"]
+
+logger = logging.getLogger(__name__)
 
 
 class NoGateway(KairosError, LookupError):
@@ -215,8 +218,16 @@ class GatewayCompleter:
                 path = self.deployments.vocabulary(deployed)
             if path == PACKAGED_GEMMA:
                 path = packaged_gemma()
-            elif path is not None and self._base_dir is not None and not Path(path).is_absolute():
-                path = str(self._base_dir / path)
+            elif path is not None and model in self._tokenizer_files:
+                given = Path(path).expanduser()
+                if self._base_dir is not None and not given.is_absolute():
+                    given = self._base_dir / given
+                if not given.is_file():
+                    raise ProjectError(
+                        f"llm.tokenizers.{model}: no GGUF file {str(given)!r}; give the path "
+                        f"of the model's GGUF (relative to the project) or {PACKAGED_GEMMA!r}"
+                    )
+                path = str(given)
             found = tokenizer_for(model, path)
             self._tokenizers[model] = found
         return found
@@ -226,7 +237,10 @@ class GatewayCompleter:
         deployments its features call (a GGUF vocabulary takes a moment), so a first
         prompt's context assembly does not include it."""
         for model in self._tokenizer_files:
-            self.tokenizer(model)
+            try:
+                self.tokenizer(model)
+            except KairosError as error:  # reported when a feature needs it, as models are
+                logger.warning("tokenizer of %r not loaded ahead: %s", model, error)
         for model in self._models:
             deployed = self._deployment_of(model)
             if deployed is not None and self.deployments.vocabulary(deployed) is not None:
