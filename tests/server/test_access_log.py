@@ -145,3 +145,23 @@ async def test_a_failing_resolvers_file_and_line_reach_the_body_and_its_tracebac
     assert "Traceback (most recent call last)" in caplog.text
     assert f'"{__file__}", line {line}' in caplog.text
     assert record.exc_info is not None
+
+
+async def test_an_internal_error_is_a_500_without_a_traceback_and_the_log_has_it(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the query log's file went away")
+
+    with kr.Client(definitions=[Shop, rating], query_log="none://") as client:
+        monkeypatch.setattr(client.log.store, "search", broken)  # a fault no handler expects
+        transport = httpx.ASGITransport(app=create_app(client))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            with caplog.at_level(logging.ERROR, logger="kairos.server.app"):
+                answer = await http.get("/v1/log")
+    assert answer.status_code == 500
+    assert answer.json()["error"]["message"] == "internal error (RuntimeError)"
+    assert "Traceback" not in answer.text and "went away" not in answer.text
+    (record,) = [r for r in caplog.records if r.name == "kairos.server.app"]
+    assert record.getMessage() == "internal error answering GET log_search"
+    assert record.exc_info is not None and "went away" in caplog.text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -47,6 +48,7 @@ from kairos.telemetry import ServerSpans
 from kairos.ui import UI, Traffic, dashboard_routes
 
 Handler = Callable[[Request], Awaitable[Response]]
+logger = logging.getLogger(__name__)
 
 
 def _outputs(body: dict[str, Any]) -> list[str]:
@@ -213,7 +215,10 @@ class Server:
                 response = problem_response(problem)
             except KairosError as error:
                 response = problem_response(_error_status(error))
-            except Exception as error:  # never a stack trace to the client
+            except Exception as error:  # never a stack trace to the client: to the log
+                logger.error(
+                    "internal error answering %s %s", request.method, endpoint, exc_info=error
+                )
                 response = problem_response(
                     HTTPProblem(500, "internal_error", f"internal error ({type(error).__name__})")
                 )
