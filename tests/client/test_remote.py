@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import skops.io
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
@@ -192,6 +193,36 @@ def test_models_list_get_move_an_alias_and_predict(
         models.versions("nope")
     with pytest.raises(UnknownModel, match="staging"):
         models.get("risk", alias="staging")
+
+
+def test_a_remote_client_registers_a_saved_artifact(
+    served: Any, embedded: kr.Client, tmp_path: Path
+) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(100, len(INPUTS)))
+    model = LogisticRegression().fit(x, (x[:, 0] > 0).astype(int))  # skops trusts its types
+    saved = tmp_path / "risk.skops"
+    saved.write_bytes(skops.io.dumps(model))
+    with RemoteClient(served.url, key=REMOTE_KEY) as remote:
+        record = remote.models.register(
+            "risk", saved, format="skops", inputs=INPUTS, aliases=["staging"]
+        )
+        assert isinstance(record, ModelVersion) and record.version == 2
+        assert record.schema.inputs == tuple(INPUTS)
+        assert remote.models.aliases("risk") == {"prod": 1, "staging": 2}
+        rows = np.ones((2, len(INPUTS))) * [[1], [-1]]
+        assert np.allclose(
+            remote.models.predict("risk", rows, version=2), model.predict_proba(rows)[:, 1]
+        )
+        again = remote.models.register("risk", saved.read_bytes(), format="skops", inputs=INPUTS)
+        assert again.version == 3  # the bytes of the file as sent
+        with pytest.raises(InvalidInput) as bad:
+            remote.models.register("risk", saved, format="pickle")
+        assert bad.value.field == "format"
+        with pytest.raises(InvalidInput, match="safe format") as wrong:
+            remote.models.register("risk", model, format="skops")
+        assert wrong.value.field == "artifact"
+    assert embedded.models.get("risk", alias="staging").sha256 == record.sha256
 
 
 def test_async_variants_answer_the_same_types(any_client: Any) -> None:

@@ -19,6 +19,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
@@ -161,9 +162,10 @@ class Call(Generic[T]):
     params: list[tuple[str, str]] = field(default_factory=list)
     idempotent: bool = False
     not_found: type[KairosError] = NotFound  # what a 404 means here
+    content_type: str = "application/json"
 
     def request(self) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json"} if self.body is not None else None
+        headers = {"Content-Type": self.content_type} if self.body is not None else None
         return {"content": self.body, "params": self.params or None, "headers": headers}
 
 
@@ -793,11 +795,46 @@ class RemoteModels:
             not_found=UnknownModel,
         )
 
-    def register(self, name: str, model: Any, **options: Any) -> ModelVersion:
-        raise KairosError(
-            f"register model {name!r} with an embedded client on the registry the server "
-            "uses (kr.Client(project)), or upload a saved artifact with POST "
-            f"/v1/models/{name}/versions?format=onnx; a remote client sends no Python objects"
+    def register(
+        self,
+        name: str,
+        artifact: bytes | str | Path,
+        *,
+        format: str,
+        aliases: Sequence[str] = (),
+        inputs: Sequence[str] | None = None,
+        output: str | None = None,
+    ) -> ModelVersion:
+        """Register a saved artifact in a safe format (its bytes, or a file's path): `format`
+        is one of onnx, skops, xgboost-ubj, xgboost-json, lightgbm-text, catboost-cbm. The
+        server infers its schema as `client.models.register` does for a Python object, which
+        only an embedded client can send."""
+        if isinstance(artifact, (str, Path)):
+            path = Path(artifact)
+            if not path.is_file():
+                raise InvalidInput(f"artifact {str(path)!r} is not a file", field="artifact")
+            data = path.read_bytes()
+        elif isinstance(artifact, (bytes, bytearray, memoryview)):
+            data = bytes(artifact)
+        else:
+            raise InvalidInput(
+                f"a remote client registers an artifact's bytes or path, not a "
+                f"{type(artifact).__name__}; save it in a safe format (e.g. skops.io.dumps) "
+                "or register the object with an embedded client, kr.Client(project)",
+                field="artifact",
+            )
+        params = [("format", format), ("aliases", ",".join(aliases))]
+        params += [("inputs", ",".join(inputs))] if inputs else []
+        params += [("output", output)] if output else []
+        return self._client._send(
+            Call(
+                "POST",
+                f"{_path(name)}/versions",
+                ModelVersion.from_json,
+                data,
+                params,
+                content_type="application/octet-stream",
+            )
         )
 
     def score(self, name: str, data: Any, **options: Any) -> Any:
