@@ -287,6 +287,9 @@ def test_kr_client_with_a_url_is_a_remote_client_and_refuses_embedded_options() 
     with pytest.raises(InvalidInput, match="http://") as raised:
         kr.Client(url="127.0.0.1:8000")
     assert raised.value.field == "url"
+    with pytest.raises(InvalidInput, match=r"kr\.Client\(url='http://h:8000'") as raised:
+        kr.Client("http://h:8000")  # an address where the project folder goes
+    assert raised.value.field == "project"
 
 
 def test_a_wrong_or_missing_key_is_a_clear_error_without_the_key(served: Any) -> None:

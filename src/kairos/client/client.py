@@ -98,6 +98,12 @@ class Client:
         cls, project: Any = None, *, url: str | None = None, key: str | None = None, **options: Any
     ) -> Any:
         if url is None:
+            if isinstance(project, str) and project.startswith(("http://", "https://")):
+                raise InvalidInput(
+                    f"{project!r} is a server's address, not a project folder: "
+                    f"kr.Client(url={project!r}, key=...) is a client of that server",
+                    field="project",
+                )
             if key is not None:
                 raise InvalidInput(
                     "key= is the key of a kairos server: pass its url= too, e.g. "
