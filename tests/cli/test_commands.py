@@ -183,6 +183,21 @@ def test_a_kairos_error_is_one_line_on_stderr(
     assert captured.err.count("\n") == 1 and ESC not in captured.err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["serve", "--port", "70000"], ["serve", "--port", "0"], ["gateway", "serve", "--port", "-1"]],
+)
+def test_a_port_no_socket_can_bind_is_a_usage_error(
+    argv: list[str], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: 70000 reached bind() as an OverflowError traceback, 0 became the configured
+    port (8000) without a word."""
+    assert main([*argv, "--project", str(project)]) == 2
+    err = capsys.readouterr().err
+    assert "Invalid value for '--port'" in err and "1<=x<=65535" in err
+    assert "Traceback" not in err
+
+
 def _run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if k not in TERMINAL_ENV}
     return subprocess.run(

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import click
 
-from kairos.cli.options import Group, json_option, project_option
+from kairos.cli.options import PORT, Group, json_option, project_option
 from kairos.cli.serve import freeze_heap, is_local
 from kairos.cli.server_logging import configure_logging
 from kairos.cli.tables import show
@@ -209,7 +209,7 @@ def usage_command(
 @gateway_group.command("serve")
 @project_option
 @click.option("--host", help="the address to listen on (default: gateway.host in kairos.yaml)")
-@click.option("--port", type=int, help="the port to listen on (default: gateway.port)")
+@click.option("--port", type=PORT, help="the port to listen on (default: gateway.port)")
 def serve_command(project: str, host: str | None, port: int | None) -> int:
     """Run the gateway's HTTP server."""
     config = project_gateway_config(Path(project))

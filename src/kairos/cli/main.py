@@ -24,7 +24,7 @@ from kairos.cli.gateway import gateway_group
 from kairos.cli.history import materialize, offline
 from kairos.cli.log import log_group
 from kairos.cli.models import models_group
-from kairos.cli.options import Group, project_option
+from kairos.cli.options import PORT, Group, project_option
 from kairos.cli.query import explain_command, query_command
 from kairos.cli.replay import replay_command
 from kairos.cli.scaffold import init
@@ -108,7 +108,7 @@ def init_command(folder: str) -> int:
     "--project", metavar="PATH", help="the project folder (where kairos.yaml is; default: .)"
 )
 @click.option("--host", help="the address to listen on (default: server.host in kairos.yaml)")
-@click.option("--port", type=int, help="the port to listen on (default: server.port)")
+@click.option("--port", type=PORT, help="the port to listen on (default: server.port)")
 @click.option(
     "--workers", type=int, default=1, show_default=True, help="processes answering on the port"
 )

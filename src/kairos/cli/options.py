@@ -64,6 +64,10 @@ class Group(_Suggesting, click.Group):
         return super().resolve_command(ctx, args)
 
 
+# `--port`: what a socket can bind (0, "any free port", would be announced as port 0)
+PORT = click.IntRange(1, 65535)
+
+
 def project_option(function: F) -> F:
     """`--project PATH`, the project folder every command that reads one takes."""
     return click.option(
