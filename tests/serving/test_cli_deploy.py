@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import pytest
+
+from kairos.client.project_gateway import project_gateway_config
+from kairos.gateway import Gateway
 
 
 def test_deploy_serves_until_sigterm(tiny_model: Path, tmp_path: Path) -> None:
@@ -54,34 +61,26 @@ def test_deploy_serves_until_sigterm(tiny_model: Path, tmp_path: Path) -> None:
             process.wait()
 
 
+@pytest.mark.parametrize("pepper", ["env", "local"])
 def test_deploy_with_gateway_registers_the_group_as_one_model_group(
-    tiny_model: Path, tmp_path: Path
+    tiny_model: Path, tmp_path: Path, pepper: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import asyncio
-    import os
-    import socket
-
-    from kairos.gateway import Gateway, GatewayConfig
-
+    """`local`: no pepper_env, so the project's .kairos/gateway.pepper hashes the keys (as
+    kairos gateway keys create and the project's clients do); it used to be refused."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     (tmp_path / "kairos.yaml").write_text(
         "gateway:\n"
-        "  pepper_env: TEST_DEPLOY_PEPPER\n"
-        f"  registry: sqlite:///{tmp_path / 'gateway.db'}\n"
+        + ("  pepper_env: TEST_DEPLOY_PEPPER\n" if pepper == "env" else "")
+        + f"  registry: sqlite:///{tmp_path / 'gateway.db'}\n"
         f"  counters: sqlite:///{tmp_path / 'gateway.db'}\n"
     )
-    environ = {**os.environ, "TEST_DEPLOY_PEPPER": "pepper"}
-    config = GatewayConfig.from_mapping(
-        {
-            "pepper_env": "TEST_DEPLOY_PEPPER",
-            "registry": f"sqlite:///{tmp_path / 'gateway.db'}",
-            "counters": f"sqlite:///{tmp_path / 'gateway.db'}",
-        },
-        base_dir=tmp_path,
-        environ=environ,
-    )
+    monkeypatch.setenv("TEST_DEPLOY_PEPPER", "pepper")
+    environ = dict(os.environ)
+    config = project_gateway_config(tmp_path)
+    local = tmp_path / ".kairos" / "gateway.pepper"
+    assert config.pepper == ("pepper" if pepper == "env" else local.read_text().strip())
 
     async def create() -> str:
         gateway = Gateway(config)

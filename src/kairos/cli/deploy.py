@@ -31,8 +31,9 @@ import click
 import yaml
 
 from kairos.cli.options import Group
+from kairos.client.project_gateway import gateway_config
 from kairos.errors import KairosError
-from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway import Gateway
 from kairos.gateway.app import create_gateway_app
 from kairos.http.server import Server
 from kairos.serving.deploy import ENGINES, DeploymentSpec, cores_argument
@@ -179,7 +180,7 @@ async def _serve_gateway(
 ) -> Any:
     """Start the gateway app on this loop with `group` as one of its providers."""
     merged, folder, port = settings
-    config = GatewayConfig.from_mapping(merged, base_dir=folder, where=f"{folder} gateway")
+    config = gateway_config(folder, merged)  # the project's local pepper, as its clients use
     if not config.pepper:
         raise KairosError("set gateway.pepper_env in kairos.yaml: keys are hashed with it")
     gateway = Gateway(config, providers={group.name: DeploymentProvider(group)})
