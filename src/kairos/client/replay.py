@@ -460,10 +460,20 @@ def _same(record: LoggedQuery, names: Sequence[str]) -> list[ReplayRow]:
     ]
 
 
+# floats this close are one value computed in another order: a model scoring a batch of
+# rows (BLAS) and scoring them one by one differ in the last bit or two
+_ROUNDING = 1e-12
+
+
 def _equal(a: Any, b: Any) -> bool:
-    """Equal values: numbers by value (NaN equals NaN), anything else by type and value."""
+    """Equal values: ints exactly, floats within rounding (NaN equals NaN), anything else by
+    type and value."""
     if _number(a) and _number(b):
-        return bool(a == b) or (math.isnan(a) and math.isnan(b))
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        return math.isclose(a, b, rel_tol=_ROUNDING, abs_tol=_ROUNDING) or (
+            math.isnan(a) and math.isnan(b)
+        )
     try:
         return type(a) is type(b) and bool(a == b)
     except Exception:  # values that cannot be compared (arrays): by their text
