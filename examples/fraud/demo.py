@@ -211,8 +211,10 @@ def main() -> None:
         )
     finally:
         output = server.stop()
-    last = output.strip().splitlines()[-1] if output.strip() else "no output"
-    print(f"\nServer stopped ({last}).")
+    lines = output.strip().splitlines()
+    stopped = [line for line in lines if "kairos stopped" in line] or lines[-1:] or ["no output"]
+    access = sum(" kairos.access: " in line for line in lines)  # its log: one line a request
+    print(f"\nServer stopped ({stopped[-1]}); its log on stderr has {access} access lines.")
 
     with kr.Client(PROJECT) as client:
         record = client.log.get(query_id)

@@ -1,6 +1,7 @@
 """The fraud example end to end, checked against the SQLite data read independently."""
 
 import hashlib
+import re
 import sqlite3
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -157,4 +158,5 @@ def test_demo_prints_values_cache_hits_and_trace(capsys: pytest.CaptureFixture[s
     assert "Trace of the first query" in out
     assert "POST /v1/query/bulk: 200 users" in out and "0 errors" in out
     assert "Server stopped (kairos stopped; query log flushed)" in out
+    assert re.search(r"its log on stderr has [1-9][0-9]* access lines", out)  # one a request
     assert "Read back from fraud/.kairos/query_log.db after the stop" in out
