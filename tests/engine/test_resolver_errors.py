@@ -2,7 +2,10 @@
 code that raised it; the traceback goes to the log (kairos.resolvers, ERROR), not the caller."""
 
 import logging
+import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +127,32 @@ def test_an_error_kairos_raises_names_no_line_and_logs_below_error(
     }
     (record,) = [r for r in caplog.records if r.name == "kairos.resolvers"]
     assert record.levelno == logging.DEBUG and record.exc_info is not None
+
+
+RAISING_PROJECT = """
+from kairos import features, online
+
+
+@features
+class Shop:
+    id: str
+    rating: float
+
+
+@online
+def rating(sid: Shop.id) -> Shop.rating:
+    raise ValueError("no rating yet")
+"""
+
+
+def test_kairos_query_prints_the_one_line_error_and_no_traceback(tmp_path: Path) -> None:
+    # no logging set up (the CLI, a script): the caller has the error; nothing else is printed
+    (tmp_path / "features.py").write_text(RAISING_PROJECT)
+    done = subprocess.run(
+        [sys.executable, "-m", "kairos.cli", "query", "--project", str(tmp_path),
+         "--in", "shop.id=s1", "--out", "shop.rating"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    both = done.stdout + done.stderr
+    assert "resolver 'rating' raised ValueError: no rating yet (features.py:13)" in both
+    assert "Traceback" not in both, both

@@ -51,10 +51,12 @@ def resolver_failure(label: str, error: BaseException) -> str:
     """The message of the error each output of the failed call gets. The traceback is logged
     here, once per call of this: at ERROR when the user's code raised, at DEBUG when kairos
     or a library did (a SQL resolver's missing row, a database's error: the message says
-    it all, and a routine miss is no server error)."""
+    it all, and a routine miss is no server error). With no logging set up at all (a
+    script, `kairos query`), it is DEBUG too: Python's last-resort handler would print the
+    traceback on stderr beside the one-line error the caller already has."""
     where = raised_at(error)
     logger.log(
-        logging.DEBUG if where is None else logging.ERROR,
+        logging.DEBUG if where is None or not logger.hasHandlers() else logging.ERROR,
         "resolver %r raised %s",
         label,
         type(error).__name__,
