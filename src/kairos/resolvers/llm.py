@@ -12,6 +12,7 @@ it reports them (`kairos_timings`, as kairos' own llama.cpp worker does).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import inspect
@@ -202,7 +203,8 @@ class CompletionResolver(Resolver[..., Any]):
         options = self.options
         started = time.perf_counter()
         messages = self.prompt.render(values)
-        tokenizer = completer.tokenizer(options.model)
+        # off the event loop: a first use loads a GGUF vocabulary (a second, on a CPU)
+        tokenizer = await asyncio.to_thread(completer.tokenizer, options.model)
         by_feature = self.prompt.attribute(
             values, self.inputs.empty(), tokenizer.count, messages, self.inputs.retrieved
         )
