@@ -16,6 +16,7 @@ from threadpoolctl import ThreadpoolController
 import kairos as kr
 from kairos import Features, _, features, online
 from kairos.client.config import Config, ModelsConfig
+from kairos.engine import execution
 from kairos.models import ArtifactVolume, ModelStore, model_registry_from_url
 
 from .custom_model import Raising, SlowToLoad
@@ -131,6 +132,20 @@ def test_a_models_first_load_is_not_spent_from_its_timeout(tmp_path: Path) -> No
         result = client.query({Slow.id: "s1"}, [Slow.doubled])
         assert time.perf_counter() - started >= SlowToLoad.LOAD_SECONDS  # it did load here
         assert result.errors == [] and result.get_value(Slow.doubled) == 42.0
+
+
+def test_a_load_past_the_prepare_limit_is_left_to_the_calls_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a load that hangs does not hang the query: past the limit the call's 300 ms runs
+    monkeypatch.setattr(execution, "PREPARE_LIMIT", timedelta(milliseconds=100))
+    with kr.Client(definitions=[Slow, slow_inputs], config=config(tmp_path)) as client:
+        client.models.register("slow", SlowToLoad(), inputs=["a", "b"])
+    with kr.Client(definitions=[Slow, slow_inputs], config=config(tmp_path)) as client:
+        started = time.perf_counter()
+        [error] = client.query({Slow.id: "s1"}, [Slow.doubled]).errors
+        assert time.perf_counter() - started < SlowToLoad.LOAD_SECONDS
+        assert (error.feature, error.code) == ("slow.doubled", "timeout")
 
 
 def test_a_model_with_the_wrong_number_of_inputs_is_a_clear_feature_error(

@@ -12,6 +12,7 @@ A run has four steps:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Hashable
@@ -51,6 +52,8 @@ ZERO = timedelta(0)
 ANY = ValueType("any", True)
 # How far ahead of the wall clock a query's `now` may be and still write the cache.
 FUTURE_SKEW = timedelta(seconds=5)
+# how long a query waits for a model's first load before the call's own timeout runs
+PREPARE_LIMIT = timedelta(minutes=2)
 logger = logging.getLogger(__name__)
 
 
@@ -588,7 +591,10 @@ class _Run:
         status = "ok"
         prepare = node.resolver.prepare  # a model's first load is not the call's time
         if prepare is not None:
-            await prepare()
+            # a load that hangs (an unreachable volume) is left to the call and its timeout
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PREPARE_LIMIT.total_seconds()):
+                    await prepare()
         with computing(rows):  # model and LLM calls report which entities they computed
             work = node.resolver.runner.run(calls, results, self.engine.pool)
             try:
