@@ -11,7 +11,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -828,19 +828,38 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        await asyncio.to_thread(self.log.close)
-        await asyncio.to_thread(self._runtime.offline.close)
-        for source in self.sources.values():
-            await source.close()
-        await self.store.close()
-        self.windows.close()
-        await asyncio.to_thread(self.models.close)
-        await self.vectors.close()
-        await self.llm.aclose()
+
+        async def close_windows() -> None:
+            self.windows.close()
+
+        steps: list[Callable[[], Awaitable[object]]] = [
+            lambda: asyncio.to_thread(self.log.close),
+            lambda: asyncio.to_thread(self._runtime.offline.close),
+            *(source.close for source in self.sources.values()),
+            self.store.close,
+            close_windows,
+            lambda: asyncio.to_thread(self.models.close),
+            self.vectors.close,
+            self.llm.aclose,  # stops the LLM replicas: never skipped for an earlier failure
+        ]
+        failed: Exception | None = None
+        for step in steps:
+            try:
+                await step()
+            except Exception as error:  # close the rest, then say what failed first
+                failed = failed or error
+        if failed is not None:
+            raise failed
 
     def close(self) -> None:
-        """`aclose()`, then stop the resolver threads and the event loops this client made."""
-        self._sync(self.aclose())
+        """`aclose()`, then stop the resolver threads and the event loops this client made
+        (those too when a part failed to close)."""
+        try:
+            self._sync(self.aclose())
+        finally:
+            self._stop_threads()
+
+    def _stop_threads(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._loops_lock:
             loops, self._loops = self._loops, []
