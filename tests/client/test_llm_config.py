@@ -334,6 +334,7 @@ def test_the_pepper_file_is_made_once_and_private(tmp_path: Path) -> None:
     pepper = local_pepper(path)
     assert len(pepper) >= 32 and local_pepper(path) == pepper
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert (path.parent / ".gitignore").read_text() == "*\n"  # never committed
     path.chmod(0o644)
     with pytest.raises(KairosError, match=r"others may read it .*chmod 600"):
         local_pepper(path)
@@ -352,7 +353,7 @@ def test_processes_making_the_pepper_at_once_agree(tmp_path: Path) -> None:
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             peppers = set(pool.map(make, range(8)))
         assert len(peppers) == 1 and len(peppers.pop()) >= 32
-        assert [p.name for p in path.parent.iterdir()] == ["gateway.pepper"]  # no draft left
+        assert sorted(p.name for p in path.parent.iterdir()) == [".gitignore", "gateway.pepper"]
 
 
 def test_a_missing_tokenizer_file_names_its_setting_and_the_server_still_starts(

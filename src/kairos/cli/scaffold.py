@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from kairos.client.project_gateway import ignored
 from kairos.errors import KairosError
 
 FILES = {
@@ -97,11 +98,7 @@ def init(folder: str) -> int:
     (root / "data").mkdir(parents=True, exist_ok=True)
     for name, text in FILES.items():
         (root / name).write_text(text)
-    # kairos' own files (the query log, the gateway's registry and pepper) stay out of git
-    (root / ".kairos").mkdir(exist_ok=True)
-    ignore = root / ".kairos" / ".gitignore"
-    if not ignore.exists():
-        ignore.write_text("*\n")
+    ignored(root / ".kairos")
     with sqlite3.connect(root / "data" / "app.db") as db:
         db.execute(
             "create table users (id text primary key, name text, credit_limit real, spent real)"

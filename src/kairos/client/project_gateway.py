@@ -113,12 +113,20 @@ def gateway_config(folder: Path, section: Mapping[str, Any]) -> GatewayConfig:
     return dataclasses.replace(config, pepper=local_pepper(folder / PEPPER_FILE))
 
 
+def ignored(folder: Path) -> None:
+    """Keep `folder` (kairos' own files: the query log, the gateway's registry and pepper)
+    out of git, with a `.gitignore` of `*` in it unless it has one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError), open(folder / ".gitignore", "x") as file:
+        file.write("*\n")
+
+
 def local_pepper(path: Path) -> str:
     """The pepper kept in `path`: read, or made (random, mode 0600) when it is not there yet.
     Several processes starting at once agree: one links its file in place, the others read
     it. The file appears whole (written under a private name, then linked), so no process
     ever reads it half made."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ignored(path.parent)  # a secret, beside the registry: never committed
     if not path.exists():
         draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
         descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -99,7 +99,8 @@ class ModelResolver(Resolver[..., Any]):
 
     def _loaded(self) -> Predictor:
         """The predictor, loaded once however many queries ask for it at the same time."""
-        assert self.record is not None
+        if self.record is None:
+            raise ModelUnavailable(self.problem or f"model {self.options.model!r} is unavailable")
         with self._loading:
             if self._predictor is None:
                 self._predictor = self._load(self.record)
