@@ -159,17 +159,19 @@ def test_serve_takes_the_project_as_path_or_as_project(
     assert main(["serve", "--project", "b", "--host", "0.0.0.0", "--workers", "2"]) == 0
     assert main(["serve"]) == 0
     assert main(["serve", "c", "--project", "c"]) == 0  # the same folder twice is no clash
+    assert main(["serve", "d", "--project", "./d/"]) == 0  # spelled two ways, one folder
     assert served == [
         ("a", None, 9001, 1),
         ("b", "0.0.0.0", None, 2),
         (".", None, None, 1),
         ("c", None, None, 1),
+        ("d", None, None, 1),
     ]
     assert main(["serve", "a", "--project", "b"]) == 2
     err = capsys.readouterr().err
     assert "Usage: kairos serve" in err
     assert "PATH 'a' or --project 'b', not both" in err
-    assert len(served) == 4
+    assert len(served) == 5
 
 
 def test_a_kairos_error_is_one_line_on_stderr(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from importlib import metadata
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -116,7 +117,7 @@ def serve_command(
     path: str | None, project: str | None, host: str | None, port: int | None, workers: int
 ) -> int:
     """Run the HTTP server."""
-    if path is not None and project is not None and path != project:
+    if path is not None and project is not None and Path(path).resolve() != Path(project).resolve():
         raise click.UsageError(
             f"give the project folder once: PATH {path!r} or --project {project!r}, not both"
         )
