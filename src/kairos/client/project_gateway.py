@@ -19,8 +19,9 @@ The features' key: without `llm.key_env` the client keeps one named key, `kairos
 in the registry: its allow-list is the model groups the project's LLM features call (their
 fallbacks too), its budgets `llm.budgets`. Every process of the project (each `kairos serve
 --workers` process, a `kairos query`) uses the same record, so budgets count across them and
-across restarts; it is re-issued (the previous one revoked) only when the allow-list or
-budgets change. The client calls the gateway in process with the record itself: its secret
+across restarts; it is re-issued (the previous one revoked, so its budgets count afresh)
+only when the allow-list or budgets change. Its name is every project's: projects sharing a
+registry set `llm.key_env` each. The client calls the gateway in process with the record itself: its secret
 is never shown, logged or stored, and a revoke (the dashboard, `kairos gateway keys revoke`)
 stops the features within the gateway's `key_cache`.
 """
