@@ -281,7 +281,7 @@ def gateway_of(folder: Path, **section: object) -> Gateway:
     return Gateway(GatewayConfig.from_mapping(raw, base_dir=folder, environ={"PEPPER": "p" * 20}))
 
 
-def test_the_features_key_is_kept_and_reissued_only_when_it_changes(tmp_path: Path) -> None:
+def test_the_features_key_is_kept_and_changed_in_place(tmp_path: Path) -> None:
     async def run() -> None:
         gateways = [gateway_of(tmp_path), gateway_of(tmp_path)]  # two processes of a project
         try:
@@ -290,17 +290,23 @@ def test_the_features_key_is_kept_and_reissued_only_when_it_changes(tmp_path: Pa
             await asyncio.gather(*(features_key(g, ["fast"], []) for g in gateways))
             (kept,) = [k for k in await gateways[0].list_keys() if k.revoked_at is None]
             for gateway in gateways:
-                current = await current_features_key(gateway, ["fast"], [])
+                current = await current_features_key(gateway)
                 assert current is not None and current.id == kept.id
             assert kept.name == FEATURES_KEY
             assert kept.models == ("big", "chat")  # the alias's group and its fallback
             assert (await features_key(gateways[0], ["fast"], [])).id == kept.id  # a restart
+            # new budgets and another model: the same key, changed in place, so what its
+            # budget counters hold (keyed by its id) goes on counting
             day = [{"period": "day", "tokens": 1000}]
-            budgeted = await features_key(gateways[0], ["fast"], day)
-            assert budgeted.id != kept.id
+            budgeted = await features_key(gateways[0], ["fast", "other"], day)
+            assert budgeted.id == kept.id
             assert [(b.period, b.tokens) for b in budgeted.budgets] == [("day", 1000)]
+            assert budgeted.models == ("big", "chat", "other")
+            stored = await gateways[1].registry.get_key(kept.id)  # what the others read
+            assert stored is not None and stored.models == budgeted.models
+            assert stored.budgets == budgeted.budgets
             active = [k for k in await gateways[0].list_keys() if k.revoked_at is None]
-            assert [k.id for k in active] == [budgeted.id]  # the previous one is revoked
+            assert [k.id for k in active] == [kept.id]
         finally:
             for gateway in gateways:
                 await gateway.close()

@@ -68,6 +68,33 @@ def test_keys_and_ledger_round_trip(registry_url: str) -> None:
     asyncio.run(scenario())
 
 
+def test_a_key_changed_in_place_keeps_its_id_and_what_its_budgets_used(
+    registry_url: str, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        gateway = Gateway(config(upstream, tmp_path, registry=registry_url))
+        try:
+            plain, record = await gateway.create_key(
+                name="features", models=["chat"], budgets=[{"period": "total", "tokens": 100}]
+            )
+            held = await gateway.counters.spent([f"{record.id}:tokens:total:all"])
+            updated = await gateway.update_key(
+                record.id, models=["chat", "big"], budgets=[{"period": "day", "tokens": 500}]
+            )
+            assert updated is not None and updated.id == record.id
+            assert updated.models == ("chat", "big")
+            assert [(b.period, b.tokens) for b in updated.budgets] == [("day", 500)]
+            assert await gateway.registry.get_key(record.id) == updated
+            assert (await gateway.authenticate(plain)).models == ("chat", "big")  # no stale cache
+            assert await gateway.counters.spent([f"{record.id}:tokens:total:all"]) == held
+            assert await gateway.revoke_key(record.id)
+            assert await gateway.update_key(record.id, models=["chat"]) is None  # revoked stays
+        finally:
+            await gateway.close()
+
+    asyncio.run(scenario())
+
+
 def test_production_set_up_postgres_registry_and_redis_counters(
     upstream: FakeUpstream, tmp_path: Path
 ) -> None:

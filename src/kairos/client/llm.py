@@ -155,7 +155,7 @@ class GatewayCompleter:
                 found = await gateway.registry.get_key(self._record.id)
                 if found is None or not found.active(datetime.now(UTC)):
                     # another process of the project may have kept another one
-                    found = await current_features_key(gateway, self._models, self._budgets)
+                    found = await current_features_key(gateway)
                 if found is None:
                     raise NoGateway(
                         f"the key LLM features spend, {FEATURES_KEY!r} ({self._record.id}), "

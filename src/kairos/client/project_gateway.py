@@ -19,11 +19,12 @@ The features' key: without `llm.key_env` the client keeps one named key, `kairos
 in the registry: its allow-list is the model groups the project's LLM features call (their
 fallbacks too), its budgets `llm.budgets`. Every process of the project (each `kairos serve
 --workers` process, a `kairos query`) uses the same record, so budgets count across them and
-across restarts; it is re-issued (the previous one revoked, so its budgets count afresh)
-only when the allow-list or budgets change. Its name is every project's: projects sharing a
-registry set `llm.key_env` each. The client calls the gateway in process with the record itself: its secret
-is never shown, logged or stored, and a revoke (the dashboard, `kairos gateway keys revoke`)
-stops the features within the gateway's `key_cache`.
+across restarts; when the allow-list or budgets change, the key is given them in place (its
+id, and so what its budget counters hold, stays). Its name is every project's: projects
+sharing a registry set `llm.key_env` each. The client calls the gateway in process with
+the record itself: its secret is never shown, logged or stored, and a revoke (the
+dashboard, `kairos gateway keys revoke`) stops the features within the gateway's
+`key_cache`.
 """
 
 from __future__ import annotations
@@ -186,9 +187,10 @@ async def features_key(
     gateway: Gateway, models: Sequence[str], budgets: Sequence[Mapping[str, Any]]
 ) -> KeyRecord:
     """The `kairos-features` key record for these models and budgets (module doc): the
-    active one that fits, else a new one; every other active key of that name is revoked.
-    Processes that create one at once keep the oldest each of them sees: one that chose a
-    key another then revoked moves to the survivor (`current_features_key`)."""
+    oldest active one, given this allow-list and these budgets in place when they differ
+    (its id stays, so its counters go on counting), else a new one. Processes that create one
+    at once keep the oldest each of them sees and revoke the rest: one that chose a key
+    another then revoked moves to the survivor (`current_features_key`)."""
     if not gateway.config.pepper:
         raise KairosError(
             "the project's gateway keeps its keys in a shared registry "
@@ -196,25 +198,30 @@ async def features_key(
             "kairos.yaml to a variable holding its pepper (or set llm.key_env)"
         )
     body = _key_body(gateway.config, models, budgets)
-    found = await _ours(gateway)
-    if not any(_fits(k, body) for k in found):
-        await gateway.create_key(**body)  # its secret is dropped: calls carry the record
+    for _attempt in range(3):  # a key revoked between the read and the update: read again
         found = await _ours(gateway)
-    chosen = min((k for k in found if _fits(k, body)), key=lambda k: (k.created_at, k.id))
-    for record in found:
-        if record.id != chosen.id:
-            await gateway.revoke_key(record.id)
-    return chosen
+        if not found:
+            await gateway.create_key(**body)  # its secret is dropped: calls carry the record
+            found = await _ours(gateway)
+        chosen = min(found, key=lambda k: (k.created_at, k.id))
+        for record in found:
+            if record.id != chosen.id:
+                await gateway.revoke_key(record.id)
+        if _fits(chosen, body):
+            return chosen
+        updated = await gateway.update_key(
+            chosen.id, models=body["models"], budgets=body["budgets"]
+        )
+        if updated is not None:
+            return updated
+    raise KairosError(f"the {FEATURES_KEY!r} key kept being revoked while it was issued")
 
 
-async def current_features_key(
-    gateway: Gateway, models: Sequence[str], budgets: Sequence[Mapping[str, Any]]
-) -> KeyRecord | None:
-    """The active `kairos-features` key that fits, the oldest if several; None when there is
-    none (it was revoked: the features stop until a restart issues a new one)."""
-    body = _key_body(gateway.config, models, budgets)
-    fitting = [k for k in await _ours(gateway) if _fits(k, body)]
-    return min(fitting, key=lambda k: (k.created_at, k.id)) if fitting else None
+async def current_features_key(gateway: Gateway) -> KeyRecord | None:
+    """The active `kairos-features` key, the oldest if several; None when there is none (it
+    was revoked: the features stop until a restart issues a new one)."""
+    found = await _ours(gateway)
+    return min(found, key=lambda k: (k.created_at, k.id)) if found else None
 
 
 def _key_body(

@@ -152,6 +152,15 @@ class Gateway:
         self._verified = {t: hit for t, hit in self._verified.items() if hit[1].id != ident}
         return done
 
+    async def update_key(self, ident: str, /, **spec: Any) -> KeyRecord | None:
+        """Give an active key the allow-list (`models`) and `budgets` of admin fields, keeping
+        its id, so its counters go on counting; None when no active key has that id."""
+        checked = key_spec({"name": "update", **spec})
+        done = await self.registry.update_key(ident, checked["models"], checked["budgets"])
+        self._keys.pop(ident, None)
+        self._verified = {t: hit for t, hit in self._verified.items() if hit[1].id != ident}
+        return await self.registry.get_key(ident) if done else None
+
     async def authenticate(self, presented: str | None) -> KeyRecord:
         """The active key record for a presented key. Errors never repeat the key."""
         if not presented:

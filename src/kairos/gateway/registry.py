@@ -26,6 +26,12 @@ class Registry(Protocol):
 
     async def revoke_key(self, key_id: str, at: datetime) -> bool: ...
 
+    async def update_key(
+        self, key_id: str, models: tuple[str, ...], budgets: tuple[Budget, ...]
+    ) -> bool:
+        """Give an active key another allow-list and budgets; its id, and so what its
+        counters hold, stays. False when no active key has that id."""
+
     async def write_rows(self, rows: Sequence[LedgerRow]) -> None:
         """Insert rows, each replacing the row of its request_id (a pending one) if any."""
         ...
@@ -81,17 +87,24 @@ LEDGER_ADDED = {
 _CREATED = [name.strip() for name in LEDGER_COLUMNS.split(",")].index("created_at")
 
 
+def key_lists(models: tuple[str, ...], budgets: tuple[Budget, ...]) -> tuple[str, str]:
+    """A key's allow-list and budgets as the JSON text both stores keep."""
+    listed = orjson.dumps([b.as_dict() for b in budgets]).decode()
+    return orjson.dumps(list(models)).decode(), listed
+
+
 def key_to_row(record: KeyRecord) -> tuple[object, ...]:
     """Times as epoch microseconds, lists as JSON text: the same row in SQLite and Postgres."""
+    models, budgets = key_lists(record.models, record.budgets)
     return (
         record.id,
         record.name,
         record.secret_hash,
         to_micros(record.created_at),
-        orjson.dumps(list(record.models)).decode(),
+        models,
         record.rpm,
         record.tpm,
-        orjson.dumps([b.as_dict() for b in record.budgets]).decode(),
+        budgets,
         to_micros(record.expires_at) if record.expires_at else None,
         to_micros(record.revoked_at) if record.revoked_at else None,
     )

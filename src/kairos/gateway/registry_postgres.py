@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kairos.backends import postgres
 from kairos.gateway.errors import AccountingUnavailable
-from kairos.gateway.keys import KeyRecord
+from kairos.gateway.keys import Budget, KeyRecord
 from kairos.gateway.ledger import LedgerRow
 from kairos.gateway.pg import PostgresPool, failed, split_prefix
 from kairos.gateway.registry import (
@@ -24,6 +24,7 @@ from kairos.gateway.registry import (
     USAGE_COLUMNS,
     id_range,
     key_from_row,
+    key_lists,
     key_to_row,
     ledger_from_row,
     ledger_to_row,
@@ -104,6 +105,16 @@ class PostgresRegistry:
         count = await self._run(
             f"update {self.keys_table} set revoked_at = %s where id = %s and revoked_at is null",
             [to_micros(at), key_id],
+        )
+        return bool(count == 1)
+
+    async def update_key(
+        self, key_id: str, models: tuple[str, ...], budgets: tuple[Budget, ...]
+    ) -> bool:
+        count = await self._run(
+            f"update {self.keys_table} set models = %s, budgets = %s "
+            "where id = %s and revoked_at is null",
+            [*key_lists(models, budgets), key_id],
         )
         return bool(count == 1)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kairos.backends.sqlite import SQLiteThread
 from kairos.gateway.errors import AccountingUnavailable
-from kairos.gateway.keys import KeyRecord
+from kairos.gateway.keys import Budget, KeyRecord
 from kairos.gateway.ledger import LedgerRow
 from kairos.gateway.registry import (
     KEY_COLUMNS,
@@ -24,6 +24,7 @@ from kairos.gateway.registry import (
     USAGE_COLUMNS,
     id_range,
     key_from_row,
+    key_lists,
     key_to_row,
     ledger_from_row,
     ledger_to_row,
@@ -111,6 +112,19 @@ class SQLiteRegistry:
             return cursor.rowcount == 1
 
         return await self._db.run(revoke)
+
+    async def update_key(
+        self, key_id: str, models: tuple[str, ...], budgets: tuple[Budget, ...]
+    ) -> bool:
+        def update(connection: sqlite3.Connection) -> bool:
+            cursor = connection.execute(
+                "update gateway_keys set models = ?, budgets = ? "
+                "where id = ? and revoked_at is null",
+                (*key_lists(models, budgets), key_id),
+            )
+            return cursor.rowcount == 1
+
+        return await self._db.run(update)
 
     async def write_rows(self, rows: Sequence[LedgerRow]) -> None:
         def write(connection: sqlite3.Connection) -> None:
