@@ -639,9 +639,8 @@ class Client:
         address: str | None = None,
     ) -> BackfillReport:
         """Backfill `features` for `keys` at `start`, `start + every`, ... `end` into the
-        offline store (and, with `online`, each key's latest values into the online store);
-        a class a `kr.nearest` searches also gets each row as a version in its index;
-        `engine="ray"` computes on Ray workers, this process writes."""
+        offline store (with `online`, the latest values into the online store; a searched
+        class's rows into its index); `engine="ray"` computes on Ray workers."""
         return self._sync(
             materialize(
                 self._runtime,
@@ -828,47 +827,39 @@ class Client:
         if self._closed:
             return
         self._closed = True
-
-        async def close_windows() -> None:
-            self.windows.close()
-
         steps: list[Callable[[], Awaitable[object]]] = [
             lambda: asyncio.to_thread(self.log.close),
             lambda: asyncio.to_thread(self._runtime.offline.close),
             *(source.close for source in self.sources.values()),
             self.store.close,
-            close_windows,
+            lambda: asyncio.to_thread(self.windows.close),
             lambda: asyncio.to_thread(self.models.close),
             self.vectors.close,
             self.llm.aclose,  # stops the LLM replicas: never skipped for an earlier failure
         ]
-        failed: Exception | None = None
+        failed: list[Exception] = []
         for step in steps:
             try:
                 await step()
             except Exception as error:  # close the rest, then say what failed first
-                failed = failed or error
-        if failed is not None:
-            raise failed
+                failed.append(error)
+        if failed:
+            raise failed[0]
 
     def close(self) -> None:
-        """`aclose()`, then stop the resolver threads and the event loops this client made
-        (those too when a part failed to close)."""
+        """`aclose()`, then stop the resolver threads and event loops (a failure too)."""
         try:
             self._sync(self.aclose())
         finally:
-            self._stop_threads()
-
-    def _stop_threads(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        with self._loops_lock:
-            loops, self._loops = self._loops, []
-            helper, self._helper = self._helper, None
-        if helper is not None:
-            helper.shutdown(wait=True)
-        for loop in loops:
-            if not loop.is_running() and not loop.is_closed():
-                loop.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            with self._loops_lock:
+                loops, self._loops = self._loops, []
+                helper, self._helper = self._helper, None
+            if helper is not None:
+                helper.shutdown(wait=True)
+            for loop in loops:
+                if not loop.is_running() and not loop.is_closed():
+                    loop.close()
 
     def __enter__(self) -> Client:
         return self
