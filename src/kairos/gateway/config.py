@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from kairos.definitions.durations import parse_duration
+from kairos.gateway.bounds import MAX_TOKENS
 from kairos.gateway.errors import GatewayConfigError
 from kairos.gateway.prices import Price, PriceTable, parse_price, shipped_prices
 
@@ -212,7 +213,7 @@ class GatewayConfig:
             body_timeout=_seconds(raw.get("body_timeout", "30s"), f"{where}.body_timeout"),
             budget_shares=_int(raw.get("budget_shares", 16), f"{where}.budget_shares", 0),
             default_max_tokens=_int(
-                raw.get("default_max_tokens", 4096), f"{where}.default_max_tokens", 1
+                raw.get("default_max_tokens", 4096), f"{where}.default_max_tokens", 1, MAX_TOKENS
             ),
         )
 
@@ -247,9 +248,13 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     return value
 
 
-def _int(value: Any, where: str, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise GatewayConfigError(f"{where} must be an integer >= {minimum}, got {value!r}")
+def _int(value: Any, where: str, minimum: int, maximum: int | None = None) -> int:
+    if (
+        not isinstance(value, int) or isinstance(value, bool) or value < minimum
+        or (maximum is not None and value > maximum)
+    ):  # fmt: skip
+        within = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+        raise GatewayConfigError(f"{where} must be an integer {within}, got {value!r}")
     return value
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from kairos.gateway.anthropic import content_text, usage_as_anthropic
+from kairos.gateway.bounds import MAX_TOKENS, integer, model_name
 from kairos.gateway.errors import InvalidRequest, UpstreamError
 from kairos.http import sse
 from kairos.llm.tokens import tokenizer_for
@@ -176,11 +177,13 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             f"{name!r} is not supported on /v1/messages; use {', '.join(sorted(_MESSAGES_FIELDS))}",
             param=name,
         )
-    if not isinstance(body.get("model"), str):
-        raise InvalidRequest('model is required, e.g. "claude-haiku-4-5"', param="model")
-    max_tokens = body.get("max_tokens")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise InvalidRequest("max_tokens is required: a positive integer", param="max_tokens")
+    model_name(body, "claude-haiku-4-5")
+    max_tokens = integer(body, "max_tokens", 1, MAX_TOKENS, "output tokens, e.g. 1024")
+    if max_tokens is None:
+        raise InvalidRequest(
+            f"max_tokens is required: an integer from 1 to {MAX_TOKENS}, e.g. 1024",
+            param="max_tokens",
+        )
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest(

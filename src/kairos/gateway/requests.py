@@ -9,20 +9,9 @@ from typing import Any
 
 import orjson
 
+from kairos.gateway import bounds
 from kairos.gateway.accounting import AUDIO_LEAST_BYTES_PER_SECOND, InputParts
 from kairos.gateway.errors import InvalidRequest
-
-
-def _positive(body: dict[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidRequest(f"{name} must be a positive integer, e.g. 256", param=name)
-    return value
-
-
-_MOST_CHOICES = 128  # OpenAI's own limit on n
 
 
 def choices(body: dict[str, Any]) -> int:
@@ -34,13 +23,15 @@ def choices(body: dict[str, Any]) -> int:
 
 def model_and_stream(body: dict[str, Any]) -> tuple[str, bool]:
     """(model, stream) of a call body, checked: the fields every generating route shares."""
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest('model is required: a model name, e.g. "gpt-4o-mini"', param="model")
+    model = bounds.model_name(body, "gpt-4o-mini")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be true or false", param="stream")
     return model, stream
+
+
+def _output_limit(body: dict[str, Any], name: str) -> int | None:
+    return bounds.integer(body, name, 1, bounds.MAX_TOKENS, "output tokens, e.g. 256")
 
 
 def _common(body: dict[str, Any], default_max_tokens: int) -> tuple[str, bool, int]:
@@ -52,17 +43,28 @@ def _common(body: dict[str, Any], default_max_tokens: int) -> tuple[str, bool, i
         raise InvalidRequest(
             'stream_options is an object, e.g. {"include_usage": true}', param="stream_options"
         )
-    n = body.get("n")
-    if n is not None and (
-        not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= _MOST_CHOICES
+    bounds.integer(body, "n", 1, bounds.MOST_CHOICES, "answers to generate, each billed")
+    bounds.integer(body, "seed", *bounds.INT64, "a 64-bit sampling seed")
+    newer = _output_limit(body, "max_completion_tokens")
+    older = _output_limit(body, "max_tokens")
+    return model, stream, newer or older or default_max_tokens
+
+
+def _logit_bias(body: dict[str, Any]) -> None:
+    """`logit_bias`: token ids to a bias from -100 to 100 (OpenAI's range)."""
+    bias = body.get("logit_bias")
+    most = bounds.MOST_LOGIT_BIAS
+    if bias is not None and not (
+        isinstance(bias, dict)
+        and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and -most <= v <= most
+            for v in bias.values()
+        )
     ):
         raise InvalidRequest(
-            f"n must be an integer from 1 to {_MOST_CHOICES} (answers to generate, each "
-            "billed), e.g. 2",
-            param="n",
+            f'logit_bias maps token ids to a bias from -{most} to {most}, e.g. {{"50256": -100}}',
+            param="logit_bias",
         )
-    newer, older = _positive(body, "max_completion_tokens"), _positive(body, "max_tokens")
-    return model, stream, newer or older or default_max_tokens
 
 
 _MOST_STOPS = 4  # OpenAI's limit on stop sequences
@@ -88,6 +90,9 @@ def check_chat(
     `stop_field` names the client's field `stop` came from (/v1/messages: stop_sequences)."""
     model, stream, wanted = _common(body, default_max_tokens)
     _stop(body, stop_field)
+    top = bounds.MOST_TOP_LOGPROBS
+    bounds.integer(body, "top_logprobs", 0, top, "likeliest tokens returned per position")
+    _logit_bias(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest(
@@ -114,8 +119,10 @@ def check_completion(body: dict[str, Any]) -> tuple[str, bool, int, int]:
         )
     model, stream, wanted = _common(body, 16)
     _stop(body, "stop")
+    bounds.integer(body, "logprobs", 0, bounds.MOST_LOGPROBS, "likeliest tokens per position")
+    _logit_bias(body)
     best_of = body.get("best_of")
-    if best_of is not None and best_of != 1:
+    if best_of is not None and (type(best_of) is not int or best_of != 1):
         raise InvalidRequest(
             "best_of must be 1 through the gateway (each request is budgeted as one answer)",
             param="best_of",
@@ -128,11 +135,18 @@ def check_completion(body: dict[str, Any]) -> tuple[str, bool, int, int]:
             'prompt is a string or a list of strings, e.g. "Say hi"', param="prompt"
         )
     many = isinstance(prompt, list) and not all(isinstance(p, int) for p in prompt)
+    if many and len(prompt) > bounds.MOST_PROMPTS:
+        raise InvalidRequest(
+            f"prompt is a list of at most {bounds.MOST_PROMPTS} prompts (each is held as n "
+            "answers of max_tokens); send the rest in another request",
+            param="prompt",
+        )
     return model, stream, wanted, len(prompt) if many else 1
 
 
 def check_embedding(body: dict[str, Any]) -> tuple[str, int]:
     model, stream, _ = _common(body, 0)
+    bounds.integer(body, "dimensions", 1, bounds.MAX_TOKENS, "of each embedding")
     if stream:
         raise InvalidRequest("embeddings are not streamed; drop stream", param="stream")
     given = body.get("input")

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from kairos.gateway.bounds import MAX_TOKENS, MOST_TOP_LOGPROBS, integer
 from kairos.gateway.errors import InvalidRequest
 from kairos.gateway.providers import RESPONSE_ENDS, Usage, openai_usage
 from kairos.gateway.requests import model_and_stream
@@ -40,13 +41,9 @@ def check_responses(body: dict[str, Any], default_max_tokens: int) -> tuple[str,
                 f"gateway's sight); {fix}",
                 param=name,
             )
-    wanted = body.get("max_output_tokens")
-    if wanted is not None and (
-        not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 1
-    ):
-        raise InvalidRequest(
-            "max_output_tokens must be a positive integer, e.g. 256", param="max_output_tokens"
-        )
+    wanted = integer(body, "max_output_tokens", 1, MAX_TOKENS, "output tokens, e.g. 256")
+    integer(body, "top_logprobs", 0, MOST_TOP_LOGPROBS, "likeliest tokens returned per position")
+    integer(body, "max_tool_calls", 1, MAX_TOKENS, "built-in tool calls")
     given = body.get("input")
     if isinstance(given, list) and given:
         for index, item in enumerate(given):
