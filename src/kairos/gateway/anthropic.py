@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from kairos.gateway.bounds import shown
 from kairos.gateway.config import ProviderConfig
 from kairos.gateway.errors import (
     InvalidRequest,
@@ -141,7 +142,8 @@ def _image_block(part: dict[str, Any], where: str) -> dict[str, Any]:
     media, data = _data_url(url, where)
     if media not in _IMAGE_TYPES:
         raise InvalidRequest(
-            f"{where}: Anthropic takes images of type {', '.join(_IMAGE_TYPES)}, not {media!r}",
+            f"{where}: Anthropic takes images of type {', '.join(_IMAGE_TYPES)}, not "
+            f"{shown(media)}",
             param=where,
         )
     return {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}}
@@ -155,7 +157,7 @@ def _file_block(part: dict[str, Any], where: str) -> dict[str, Any]:
         raise untranslatable(f"{where}.file", " unless it has file_data (file ids are OpenAI's)")
     media, data = _data_url(data_url, f"{where}.file.file_data")
     if media != "application/pdf":
-        raise untranslatable(f"{where}.file", f" as {media!r} (Anthropic reads PDFs)")
+        raise untranslatable(f"{where}.file", f" as {shown(media)} (Anthropic reads PDFs)")
     return {"type": "document", "source": {"type": "base64", "media_type": media, "data": data}}
 
 
@@ -176,7 +178,9 @@ def _user_blocks(content: Any, where: str) -> list[dict[str, Any]]:
         elif kind == "file":
             blocks.append(_file_block(part, at))
         else:
-            raise untranslatable(f"{at}.type", f" as {kind!r} (it takes text, image_url, file)")
+            raise untranslatable(
+                f"{at}.type", f" as {shown(kind)} (it takes text, image_url, file)"
+            )
     return blocks
 
 
@@ -187,7 +191,7 @@ def _assistant_blocks(message: dict[str, Any], where: str) -> list[dict[str, Any
         for index, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind not in ("text", "refusal"):
-                raise untranslatable(f"{where}.content[{index}].type", f" as {kind!r}")
+                raise untranslatable(f"{where}.content[{index}].type", f" as {shown(kind)}")
             if part.get(kind):
                 blocks.append({"type": "text", "text": str(part[kind])})
     elif content:
@@ -240,7 +244,7 @@ def _anthropic_messages(raw: Any) -> tuple[list[str], list[dict[str, Any]]]:
         role = message.get("role")
         if role not in _MESSAGE_FIELDS:
             raise InvalidRequest(
-                f"{where}.role {role!r} cannot be sent to an Anthropic deployment; "
+                f"{where}.role {shown(role)} cannot be sent to an Anthropic deployment; "
                 "use system, developer, user, assistant or tool",
                 param=f"{where}.role",
             )
@@ -381,7 +385,7 @@ def to_anthropic(body: dict[str, Any]) -> dict[str, Any]:
     if choice is not None and body.get("tools"):
         request["tool_choice"] = choice
     elif choice is not None and choice["type"] not in ("auto", "none"):
-        raise InvalidRequest(f"tool_choice {body['tool_choice']!r} needs tools", param="tools")
+        raise InvalidRequest(f"tool_choice {shown(body['tool_choice'])} needs tools", param="tools")
     # without tools, "auto", "none" and parallel_tool_calls choose among nothing: Anthropic
     # refuses a tool_choice without tools, and the answer is the same without one
     answer = _answer_tools(body.get("response_format"))

@@ -32,6 +32,7 @@ from prometheus_client import generate_latest
 
 from kairos import telemetry
 from kairos.errors import did_you_mean
+from kairos.gateway.bounds import shown
 from kairos.gateway.edge import (
     BodyDeadline,
     ClientGone,
@@ -68,7 +69,7 @@ def _json(body: Any, status: int = 200) -> Reply:
 class GatewayServer:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.metrics = GatewayMetrics()
+        self.metrics = GatewayMetrics([*gateway.config.models, *gateway.config.aliases])
         gateway.observers.append(self.metrics.observe)
 
     # --- OpenAI routes ---------------------------------------------------------------------
@@ -104,7 +105,7 @@ class GatewayServer:
         # a model the key may not use answers as a missing one: names cannot be probed
         if name not in allowed:
             raise UnknownModel(
-                f"no model {name!r} for this key{did_you_mean(name, allowed)}; "
+                f"no model {shown(name)} for this key{did_you_mean(name, allowed)}; "
                 "GET /v1/models lists the models it may use",
                 param="model",
             )
@@ -155,7 +156,7 @@ class GatewayServer:
         self._admin(request)
         ident = request.rest
         if not await self.gateway.revoke_key(ident):
-            raise _NotFound(f"no active key {ident!r}; GET /admin/keys lists them")
+            raise _NotFound(f"no active key {shown(ident)}; GET /admin/keys lists them")
         return _json({"id": ident, "revoked": True})
 
     async def usage(self, request: Request) -> Reply:

@@ -66,3 +66,12 @@ def shown(value: Any) -> str:
     ("'xxxxxxxxx", 60)
     """
     return _SHOWN.repr(value)
+
+
+def cut(name: str) -> str:
+    """A field name (or path) a client chose, as an error names it: cut to 60 characters.
+
+    >>> cut("temperature"), len(cut("x" * 1000))
+    ('temperature', 60)
+    """
+    return name if len(name) <= 60 else name[:57] + "..."

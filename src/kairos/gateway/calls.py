@@ -32,6 +32,7 @@ from kairos.gateway.accounting import (
     new_id,
     parts_bound,
 )
+from kairos.gateway.bounds import MAX_MODEL_NAME
 from kairos.gateway.config import Deployment, GatewayConfig
 from kairos.gateway.errors import (
     BudgetExceeded,
@@ -428,7 +429,8 @@ class Call:
             request_id=self.request_id,
             key_id=self.key.id,
             route=self.route,
-            model_requested=self.gateway.secrets.scrub(self.model),  # the client's own text
+            # the client's own text: credentials masked, then cut (a row keeps no more)
+            model_requested=self.gateway.secrets.scrub(self.model)[:MAX_MODEL_NAME],
             model_dispatched=deployment.group if deployment else None,
             provider=deployment.provider if deployment else None,
             deployment=deployment.model if deployment else None,

@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from kairos.gateway.bounds import cut
 from kairos.gateway.errors import GatewayError, InvalidRequest
 from kairos.gateway.streams import Stream
 from kairos.http.types import Message, Receive, Scope, Send
@@ -27,6 +28,7 @@ MAX_BODY = 8 * 1024 * 1024
 # size and for this long before its answer; past either the answer closes the connection
 DRAIN_BYTES = 4 * MAX_BODY
 DRAIN_SECONDS = 10.0
+MOST_MESSAGE = 2048  # characters of an error message sent back
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -55,12 +57,19 @@ class Reply:
         await send({"type": "http.response.body", "body": self.body})
 
 
+def _message(error: GatewayError) -> str:
+    """The error's message as sent: a check that quotes a client's text cuts it (bounds.shown),
+    and this bounds what one that did not would send back."""
+    text = error.message
+    return text if len(text) <= MOST_MESSAGE else text[: MOST_MESSAGE - 3] + "..."
+
+
 def openai_error(error: GatewayError) -> Reply:
     body = {
         "error": {
-            "message": error.message,
+            "message": _message(error),
             "type": error.kind,
-            "param": error.param,
+            "param": cut(error.param) if error.param is not None else None,
             "code": error.code,
         }
     }
@@ -72,7 +81,7 @@ def openai_error(error: GatewayError) -> Reply:
 
 def anthropic_error(error: GatewayError) -> Reply:
     kind = _ANTHROPIC_TYPES.get(error.status, "api_error")
-    body = {"type": "error", "error": {"type": kind, "message": error.message}}
+    body = {"type": "error", "error": {"type": kind, "message": _message(error)}}
     return Reply(orjson.dumps(body), error.status, _error_headers(error))
 
 

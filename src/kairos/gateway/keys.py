@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from kairos.gateway.bounds import MAX_MODEL_NAME, cut, shown
 from kairos.gateway.errors import InvalidKeySpec
 
 PERIODS = ("minute", "day", "month", "total")
@@ -32,6 +33,7 @@ MAX_PER_MINUTE = 2**31 - 1
 # exact in Redis' Lua (doubles, 2**53) and far from SQLite's and PostgreSQL's 64 bits
 MAX_AMOUNT = 10**15
 MAX_USD = MAX_AMOUNT // 1_000_000
+MOST_KEY_MODELS = 256  # model groups in one key's allow-list
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,15 +148,20 @@ def key_spec(body: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         first = sorted(unknown)[0]
         raise InvalidKeySpec(
-            f"unknown field {first!r}; use name, models, rpm, tpm, budgets, expires_at", param=first
+            f"unknown field {shown(first)}; use name, models, rpm, tpm, budgets, expires_at",
+            param=cut(first),
         )
     name = body.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise InvalidKeySpec('name is a label of 1-200 characters, e.g. "billing"', param="name")
     models = body.get("models", ["*"])
-    if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
+    if (
+        not isinstance(models, list) or not 1 <= len(models) <= MOST_KEY_MODELS
+        or not all(isinstance(m, str) and 1 <= len(m) <= MAX_MODEL_NAME for m in models)
+    ):  # fmt: skip
         raise InvalidKeySpec(
-            'models is a non-empty list of model groups, e.g. ["chat"] (["*"] for all)',
+            f"models is a list of 1 to {MOST_KEY_MODELS} model groups, names of 1 to "
+            f'{MAX_MODEL_NAME} characters, e.g. ["chat"] (["*"] for all)',
             param="models",
         )
     spec: dict[str, Any] = {"name": name.strip(), "models": tuple(models)}
@@ -174,13 +181,19 @@ def key_spec(body: Mapping[str, Any]) -> dict[str, Any]:
     if expires is not None:
         try:
             parsed = datetime.fromisoformat(expires) if isinstance(expires, str) else None
-        except ValueError:
+            # in UTC, as it is stored: past year 9999 (or before year 1) there, it could not
+            # be read back
+            if parsed is not None:
+                parsed = (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).astimezone(UTC)
+        except (ValueError, OverflowError):
             parsed = None
         if parsed is None:
             raise InvalidKeySpec(
-                'expires_at is an ISO 8601 time, e.g. "2027-01-01T00:00:00Z"', param="expires_at"
+                "expires_at is an ISO 8601 time from year 1 to 9999 in UTC, e.g. "
+                '"2027-01-01T00:00:00Z"',
+                param="expires_at",
             )
-        spec["expires_at"] = parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        spec["expires_at"] = parsed
     return spec
 
 

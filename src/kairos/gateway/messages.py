@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from kairos.gateway.anthropic import content_text, usage_as_anthropic
-from kairos.gateway.bounds import MAX_TOKENS, integer, model_name
+from kairos.gateway.bounds import MAX_TOKENS, cut, integer, model_name, shown
 from kairos.gateway.errors import InvalidRequest, UpstreamError
 from kairos.http import sse
 from kairos.llm.tokens import tokenizer_for
@@ -114,7 +114,7 @@ def _chat_messages(message: Any, index: int) -> list[dict[str, Any]]:
         else:
             takes = "text, image, document, tool_result" if role == "user" else "text, tool_use"
             raise InvalidRequest(
-                f"{at}.type {kind!r} cannot be translated for this model's deployment; a "
+                f"{at}.type {shown(kind)} cannot be translated for this model's deployment; a "
                 f"{role} message takes {takes} blocks",
                 param=f"{at}.type",
             )
@@ -138,7 +138,7 @@ def _chat_tools(tools: Any) -> list[dict[str, Any]]:
         if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
             kind = tool.get("type") if isinstance(tool, dict) else None
             raise InvalidRequest(
-                f"{where}: Anthropic's server tools ({kind!r}) cannot be run by this model's "
+                f"{where}: Anthropic's server tools ({shown(kind)}) cannot be run by this model's "
                 "deployment; define a client tool with name, description and input_schema",
                 param=where,
             )
@@ -174,8 +174,9 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         name = sorted(unknown)[0]
         raise InvalidRequest(
-            f"{name!r} is not supported on /v1/messages; use {', '.join(sorted(_MESSAGES_FIELDS))}",
-            param=name,
+            f"{shown(name)} is not supported on /v1/messages; use "
+            + ", ".join(sorted(_MESSAGES_FIELDS)),
+            param=cut(name),
         )
     model_name(body, "claude-haiku-4-5")
     max_tokens = integer(body, "max_tokens", 1, MAX_TOKENS, "output tokens, e.g. 1024")
@@ -352,9 +353,9 @@ def count_request(body: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         name = sorted(unknown)[0]
         raise InvalidRequest(
-            f"{name!r} is not supported on /v1/messages/count_tokens; use "
+            f"{shown(name)} is not supported on /v1/messages/count_tokens; use "
             + ", ".join(sorted(COUNT_FIELDS)),
-            param=name,
+            param=cut(name),
         )
     return messages_to_chat({**body, "max_tokens": 1})
 
@@ -392,8 +393,8 @@ def chat_tokens(chat: dict[str, Any], model: str) -> int:
                 total += count(part["text"])
             else:  # an image's tokens depend on its size and detail, which need decoding it
                 raise InvalidRequest(
-                    f"the gateway cannot count {part.get('type')!r} parts for {model!r}; count "
-                    "the text only",
+                    f"the gateway cannot count {shown(part.get('type'))} parts for {model!r}; "
+                    "count the text only",
                     param="messages",
                 )
         for call in message.get("tool_calls") or []:

@@ -1,20 +1,26 @@
 """The gateway's Prometheus metrics (`GET /metrics`): requests and their latency by route,
 and calls, tokens, cost and time to first byte by model, from the ledger rows the gateway
-writes (`Gateway.observers`)."""
+writes (`Gateway.observers`). A call refused before it was routed is counted by the model it
+asked for when the gateway serves one by that name, else as `(unknown)`: a client cannot add
+a time series per name it makes up."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kairos.gateway.ledger import LedgerRow
 
+UNKNOWN_MODEL = "(unknown)"
+
 
 class GatewayMetrics:
     """One registry per app, so two apps in a process count apart."""
 
-    def __init__(self) -> None:
+    def __init__(self, models: Collection[str] = ()) -> None:
+        self.models = frozenset(models)  # the model groups and aliases served
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "kairos_gateway_requests", "Gateway requests", ["route", "status"],
@@ -58,6 +64,8 @@ class GatewayMetrics:
 
     def observe(self, row: LedgerRow) -> None:
         model = row.model_dispatched or row.model_requested
+        if row.model_dispatched is None and model not in self.models:
+            model = UNKNOWN_MODEL
         child = self._child
         child(self.calls, model, row.provider or "-", row.status).inc()
         if row.tokens_in or row.tokens_out:

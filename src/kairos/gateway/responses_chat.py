@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from kairos.gateway.accounting import new_id
+from kairos.gateway.bounds import cut, shown
 from kairos.gateway.errors import InvalidRequest
 
 _PASSED = ("model", "temperature", "top_p", "parallel_tool_calls", "stream")
@@ -35,9 +36,9 @@ _ROLES = frozenset({"user", "assistant", "system", "developer"})
 def untranslatable(name: str, why: str = "") -> InvalidRequest:
     """The 400 for a field (or part) kairos' Anthropic translation cannot carry."""
     return InvalidRequest(
-        f"{name} cannot be sent to an Anthropic deployment{why}; drop it, or call a model "
-        "served by an OpenAI-compatible deployment",
-        param=name,
+        f"{cut(name)} cannot be sent to an Anthropic deployment{why}; drop it, or call a "
+        "model served by an OpenAI-compatible deployment",
+        param=cut(name),
     )
 
 
@@ -56,7 +57,7 @@ def check_fields(
         if name not in defaults:
             raise untranslatable(name)
         if value != defaults[name]:
-            raise untranslatable(name, f" as {value!r} (only {defaults[name]!r})")
+            raise untranslatable(name, f" as {shown(value)} (only {defaults[name]!r})")
 
 
 # --- Responses request -> chat ---------------------------------------------------------------
@@ -144,7 +145,7 @@ def _item(item: dict[str, Any], where: str, messages: list[dict[str, Any]]) -> N
             {"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": output}
         )
     else:
-        raise untranslatable(f"{where}.type", f" {kind!r}")
+        raise untranslatable(f"{where}.type", f" {shown(kind)}")
 
 
 def _part(part: Any, where: str) -> dict[str, Any]:
@@ -165,7 +166,7 @@ def _part(part: Any, where: str) -> dict[str, Any]:
             raise untranslatable(f"{where}.file_data", " is required (file ids are OpenAI's)")
         file = {"file_data": part["file_data"], "filename": part.get("filename") or "file"}
         return {"type": "file", "file": file}
-    raise untranslatable(f"{where}.type", f" {kind!r}")
+    raise untranslatable(f"{where}.type", f" {shown(kind)}")
 
 
 def _tool(tool: Any, where: str) -> dict[str, Any]:
@@ -183,7 +184,7 @@ def _tool_choice(choice: Any) -> Any:
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name"):
         return {"type": "function", "function": {"name": choice["name"]}}
-    raise untranslatable("tool_choice", f" {choice!r}")
+    raise untranslatable("tool_choice", f" {shown(choice)}")
 
 
 def _format(text: Any) -> dict[str, Any] | None:
@@ -198,7 +199,7 @@ def _format(text: Any) -> dict[str, Any] | None:
     if kind == "json_schema":
         schema = {k: spec[k] for k in ("name", "schema", "strict", "description") if k in spec}
         return {"type": "json_schema", "json_schema": schema}
-    raise untranslatable("text.format", f" {kind!r}")
+    raise untranslatable("text.format", f" {shown(kind)}")
 
 
 # --- chat answer -> response object ----------------------------------------------------------
