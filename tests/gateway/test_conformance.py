@@ -342,6 +342,62 @@ def test_the_gateway_refuses_http09(gateway_process: int) -> None:
     assert result.statuses == [400] and result.closed, result
 
 
+# Request lines kairos' server refuses with a 400 and a close: only `METHOD SP /path SP
+# HTTP/1.x` (single spaces, origin-form) is a request to the gateway; an absolute-form target
+# is a request for a proxy, whose host the gateway would ignore (a proxy in front may route by
+# it). uvicorn answers these (see MALFORMED_ON_UVICORN).
+MALFORMED_LINES = {
+    "two spaces before the target": b"GET  /healthz HTTP/1.1\r\nhost: x\r\n\r\n",
+    "two spaces before the version": b"GET /healthz  HTTP/1.1\r\nhost: x\r\n\r\n",
+    "absolute-form target": b"GET http://elsewhere.example/healthz HTTP/1.1\r\nhost: x\r\n\r\n",
+    "absolute-form https target": b"GET https://127.0.0.1/admin/keys HTTP/1.1\r\nhost: x\r\n\r\n",
+    "authority-form target": b"CONNECT 127.0.0.1:443 HTTP/1.1\r\nhost: x\r\n\r\n",
+    "asterisk-form on GET": b"GET * HTTP/1.1\r\nhost: x\r\n\r\n",
+}
+ADMIN_GET = f"GET /admin/keys HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ADMIN_KEY}\r\n"
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_LINES))
+def test_the_gateway_refuses_a_malformed_request_line(gateway_process: int, case: str) -> None:
+    result = exchange(gateway_process, MALFORMED_LINES[case])
+    assert result.statuses == [400] and result.closed, f"{case}: {result}"
+    assert b"request line" in result.bodies[0] or b"CONNECT" in result.bodies[0], result
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_LINES))
+def test_a_malformed_request_line_after_good_requests_is_refused_in_its_turn(
+    gateway_process: int, case: str
+) -> None:
+    """Pipelined after a request without a body, one with a Content-Length body (its end is
+    not a line's end) and a chunked one, in one write and split across writes (the head's
+    blank line too): the good ones are answered, then the 400."""
+    good = (
+        f"{ADMIN_GET}\r\n".encode()
+        + post(headers=f"content-length: {len(BODY)}\r\n")
+        + post(headers="transfer-encoding: chunked\r\n", body=chunked(BODY[:7], BODY[7:]))
+    )
+    writes = good + MALFORMED_LINES[case]
+    blank = len(ADMIN_GET) + 1  # between the first head's blank line's CR and LF
+    for split in (
+        [writes],
+        [writes[:30], writes[30:-10], writes[-10:]],
+        [writes[:blank], writes[blank:]],
+    ):
+        result = exchange(gateway_process, *split, pause=0.05 if len(split) > 1 else 0.0)
+        assert result.statuses == [200, 201, 201, 400] and result.closed, f"{case}: {result}"
+
+
+def test_empty_lines_before_a_request_and_asterisk_form_options_are_taken(
+    gateway_process: int,
+) -> None:
+    result = exchange(gateway_process, b"\r\n\r\nGET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert result.statuses == [200], result
+    result = exchange(
+        gateway_process, b"OPTIONS * HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    assert result.statuses == [404] and result.closed, result
+
+
 def test_heads_are_bounded_at_64_kib(gateway_process: int) -> None:
     def head(size: int) -> bytes:
         return b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * size + b"\r\n\r\n"

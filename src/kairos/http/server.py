@@ -10,6 +10,13 @@ connection are answered in order, writes wait while the client is not reading, i
 connections close after `keep_alive` seconds. SIGINT/SIGTERM stop it: no new connections,
 requests in flight get `grace` seconds, then the app's lifespan shutdown runs.
 
+A request line is `METHOD SP /path SP HTTP/1.x`, single spaces, the target in origin-form (or
+`OPTIONS *`); anything else is a 400 and a close. httptools takes runs of spaces and an
+absolute-form target (a request meant for a proxy, whose host the app would never see), and
+it tells no offsets, so the server checks each request line itself: httptools is fed a request
+line, then the rest of its head, then a Content-Length body whole (a chunked one a line at a
+time), so that every request begins where a piece fed to it does.
+
 Any ASGI server runs the same app (the tests run it under this one; uvicorn works too).
 
 >>> serve(app, "127.0.0.1", 8080)  # doctest: +SKIP
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import signal
 from collections import deque
 from collections.abc import Callable
@@ -36,6 +44,11 @@ logger = logging.getLogger(__name__)
 
 MAX_HEAD = 64 * 1024  # bytes of request line and headers
 MAX_BUFFERED = 256 * 1024  # request body bytes held before reading pauses for the app
+# origin-form (or OPTIONS' asterisk-form) between single spaces; httptools checks the rest
+_REQUEST_LINE = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+ /[^ ]*|OPTIONS \*) HTTP/\d\.\d\r\n")
+_BAD_LINE = (
+    b"malformed request line: send METHOD SP /path SP HTTP/1.1 (single spaces, no scheme or host)"
+)
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _STATUS = {
     status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode() for status in HTTPStatus
@@ -191,6 +204,10 @@ class _Connection(asyncio.Protocol):
         self._error: tuple[int, bytes] | None = None  # a bad request after the one answered
         self._bad: bytes | None = None  # why a callback refused the request being parsed
         self._current: _Cycle | None = None  # the request being parsed
+        self._line_due = True  # the next bytes begin a request line (after any empty lines)
+        self._line = bytearray()  # the part of that line received so far
+        self._body_left = 0  # bytes of a Content-Length body the parser has yet to be fed
+        self._tail = b""  # the last bytes received before: a head's blank line may begin there
         self._queue: deque[_Cycle] = deque()  # parsed, waiting for the one before to answer
         self._active: _Cycle | None = None  # the request the app is answering
         self.client: tuple[str, int] | None = None
@@ -206,8 +223,58 @@ class _Connection(asyncio.Protocol):
         self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
+        start, size = 0, len(data)
+        while start < size and self._error is None and not self.closed:
+            end = self._piece_end(data, start)
+            line_due = self._line_due
+            if not self._feed(data, start, end):
+                return
+            # checked once httptools took it, so what it refuses keeps its own reason
+            if line_due and not self._request_line(data[start:end]):
+                return
+            start = end
+        self._tail = data[-3:] if size >= 3 else (self._tail + data)[-3:]
+
+    def _piece_end(self, data: bytes, start: int) -> int:
+        """Where the next piece of `data` fed to httptools ends: at most where a request
+        line, a head or a body ends, so a request begins only where a piece does."""
+        if self._body_left:  # a Content-Length body
+            end = min(len(data), start + self._body_left)
+            self._body_left -= end - start
+            return end
+        if self._in_head and not self._line_due:  # headers, to the empty line ending them
+            before = data[start - 3 : start] if start >= 3 else (self._tail + data[:start])[-3:]
+            seam = (before + data[start : start + 3]).find(b"\r\n\r\n")
+            if seam >= 0:  # the blank line began in what was fed before
+                return start + seam + 4 - len(before)
+            found = data.find(b"\r\n\r\n", start)
+            return len(data) if found < 0 else found + 4
+        newline = data.find(b"\n", start)  # a request line, or a line of a chunked body
+        return len(data) if newline < 0 else newline + 1
+
+    def _request_line(self, piece: bytes) -> bool:
+        """Collect the request line `piece` is part of and check it once whole; False when it
+        is refused."""
+        self._line += piece
+        if not piece.endswith(b"\n"):
+            if len(self._line) > MAX_HEAD:
+                self._refuse(431, b"request head too large")
+                return False
+            return True
+        line, self._line = bytes(self._line), bytearray()
+        if line == b"\r\n":  # an empty line before a request is ignored (RFC 9112, 2.2)
+            return True
+        self._line_due = False
+        if _REQUEST_LINE.fullmatch(line) is None:
+            self._refuse(400, _BAD_LINE)
+            return False
+        return True
+
+    def _feed(self, data: bytes, start: int, end: int) -> bool:
+        """Feed `data[start:end]` to the parser; False when the connection is refused (or the
+        rest of `data` was handled after an upgrade offer)."""
         try:
-            self.parser.feed_data(data)
+            self.parser.feed_data(memoryview(data)[start:end])
         except httptools.HttpParserUpgrade as upgrade:
             # an offer to switch protocols (h2c, websocket) is declined by answering in
             # HTTP/1.1; the bytes after the head are the next request. (A head that offers one
@@ -215,24 +282,27 @@ class _Connection(asyncio.Protocol):
             # at the end of an upgrade's head, so its body would be read as another request.)
             if self.parser.get_method() == b"CONNECT":
                 self._refuse(400, b"CONNECT is not supported")
-                return
+                return False
             self.parser = httptools.HttpRequestParser(self)
-            offset = upgrade.args[0] if upgrade.args else len(data)
+            self._line_due, self._body_left = True, 0
+            offset = start + (upgrade.args[0] if upgrade.args else end - start)
             if offset < len(data):
                 self.data_received(data[offset:])
-            return
+            return False
         except httptools.HttpParserError:  # also what a callback raised, wrapped
             self._abandon_current()
             if self._head_size > MAX_HEAD:
                 self._refuse(431, b"request head too large")
             else:
                 self._refuse(400, self._bad or b"invalid HTTP request")
-            return
+            return False
         if self._in_head:  # the parser holds an unfinished head: bound it
-            self._head_bytes += len(data)
+            self._head_bytes += end - start
             if self._head_bytes > MAX_HEAD:
                 self._head_size = self._head_bytes
                 self._refuse(431, b"request head too large")
+                return False
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -292,6 +362,7 @@ class _Connection(asyncio.Protocol):
         if self._idle is not None:  # a request is here: no idle close until it is answered
             self._idle.cancel()
             self._idle = None
+        self._body_left = _content_length(self._headers)
         url = httptools.parse_url(self._url)
         raw_path = url.path
         scope: Scope = {
@@ -330,6 +401,7 @@ class _Connection(asyncio.Protocol):
                 self.pause_reading()  # until the app reads (receive() resumes)
 
     def on_message_complete(self) -> None:
+        self._line_due = True
         cycle = self._current
         if cycle is not None:
             cycle.complete = True
@@ -458,6 +530,15 @@ class _HeadTooLarge(Exception):
 
 class _Refused(Exception):
     """Raised in a parser callback to refuse the request (the reason is in `_bad`)."""
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int:
+    """Bytes of a request body framed by Content-Length (httptools has checked the value and
+    refused one beside Transfer-Encoding); 0 when chunked or without a body."""
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value)
+    return 0
 
 
 def _address(value: Any) -> tuple[str, int] | None:
