@@ -4,7 +4,7 @@ routes, Anthropic's `/v1/messages`, and the admin API. Each handler parses, call
 /v1/messages) with a 4xx status naming the field and the fix; never a stack trace, never a
 key. The model comes from the JSON body only: query parameters are not read. What a handler
 reads of a request and writes back (bounds, draining, error shapes, streams) is edge.py; the
-Prometheus metrics are metrics.py.
+Prometheus metrics are metrics.py; `GET /openapi.json` serves openapi.py's document.
 
 At the edge: routes match the path with an encoded slash kept encoded (`/admin%2fkeys` is a
 404, as a proxy's path rules read it); HEAD answers as GET, without the body; an exception out
@@ -52,6 +52,7 @@ from kairos.gateway.gateway import Gateway
 from kairos.gateway.ledger import period_bound, summarize
 from kairos.gateway.messages import chat_to_message, message_events, messages_to_chat
 from kairos.gateway.metrics import GatewayMetrics
+from kairos.gateway.openapi import openapi_document
 from kairos.gateway.streams import Stream
 from kairos.http.access import log_access
 from kairos.http.types import Receive, Scope, Send
@@ -70,6 +71,7 @@ class GatewayServer:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.metrics = GatewayMetrics([*gateway.config.models, *gateway.config.aliases])
+        self._openapi = orjson.dumps(openapi_document())
         gateway.observers.append(self.metrics.observe)
 
     # --- OpenAI routes ---------------------------------------------------------------------
@@ -171,6 +173,9 @@ class GatewayServer:
 
     async def healthz(self, request: Request) -> Reply:
         return _json({"status": "ok"})
+
+    async def openapi(self, request: Request) -> Reply:
+        return Reply(self._openapi)
 
     async def metrics_endpoint(self, request: Request) -> Reply:
         return Reply(
@@ -287,6 +292,7 @@ class GatewayApp:
             },
             "/admin/usage": {"GET": _Route("admin_usage", server.usage)},
             "/healthz": {"GET": _Route("healthz", server.healthz)},
+            "/openapi.json": {"GET": _Route("openapi", server.openapi)},
             "/metrics": {"GET": _Route("metrics", server.metrics_endpoint)},
         }
         self.revoke = {"DELETE": _Route("admin_revoke", server.revoke_key)}
@@ -332,7 +338,8 @@ class GatewayApp:
         if route is None:
             error = _NotAllowed(f"{scope['method']} is not allowed on {path}")
             log_access(scope["method"], path, 405, time.perf_counter() - started)
-            await answer(request, openai_error(error), receive, send)
+            shape = next(iter(methods.values())).errors  # the path's own (Anthropic's too)
+            await answer(request, shape(error), receive, send)
             return
         try:
             reply = await route.handler(request)

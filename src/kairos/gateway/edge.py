@@ -31,8 +31,8 @@ DRAIN_SECONDS = 10.0
 MOST_MESSAGE = 2048  # characters of an error message sent back
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-    503: "overloaded_error",
+    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+    429: "rate_limit_error", 503: "overloaded_error",
 }  # fmt: skip
 
 
@@ -184,7 +184,9 @@ async def read_body(request: Request) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        raise InvalidRequest("the body is not valid JSON; send a JSON object") from None
+        raise InvalidRequest(
+            "the body is not valid JSON; send a JSON object", param="body"
+        ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object", param="body")
     return body
@@ -197,7 +199,9 @@ async def admin_body(request: Request) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):
-        raise InvalidRequest("the body is not valid JSON; send a JSON object") from None
+        raise InvalidRequest(
+            "the body is not valid JSON; send a JSON object", param="body"
+        ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object", param="body")
     return body
