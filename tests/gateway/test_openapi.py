@@ -12,7 +12,9 @@ collecting this module does no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,6 +31,7 @@ from kairos.gateway.openapi import openapi_document
 from tests.gateway.conftest import ADMIN_KEY, config, deployment, new_key
 from tests.gateway.fake_upstream import FakeUpstream, ServerThread
 
+ROOT = Path(__file__).resolve().parents[2]
 schema = schemathesis.openapi.from_dict(openapi_document())
 MODELS = {
     "gpt-4o-mini": {"deployments": [deployment("echo")]},
@@ -72,6 +75,29 @@ def test_the_document_describes_the_apps_routes(gateway: ServerThread) -> None:
         for operation in (result.ok() for result in results if isinstance(result, Ok))
     }
     assert documented == routes
+
+
+def _bounded_fields(node: Any, name: str = "") -> Iterator[str]:
+    """The names of the document's properties that have a maximum or a longest length."""
+    if isinstance(node, dict):
+        if name and any(k in node for k in ("maximum", "maxLength", "maxItems")):
+            yield name
+        for key, value in node.items():
+            if key == "properties":
+                for field, spec in value.items():
+                    yield from _bounded_fields(spec, field)
+            elif key != "example":
+                yield from _bounded_fields(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _bounded_fields(item)
+
+
+def test_docs_list_every_bound_the_document_has() -> None:
+    table = (ROOT / "docs" / "gateway.md").read_text().split("What a client may send", 1)[1]
+    fields = set(_bounded_fields(openapi_document()))
+    missing = {f for f in fields if re.search(rf"[`.]{re.escape(f)}`", table) is None}
+    assert missing == set()
 
 
 # --- what the fuzz found, each pinned ----------------------------------------------------------
