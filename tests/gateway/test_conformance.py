@@ -345,7 +345,8 @@ def test_the_gateway_refuses_http09(gateway_process: int) -> None:
 # Request lines kairos' server refuses with a 400 and a close: only `METHOD SP /path SP
 # HTTP/1.x` (single spaces, origin-form) is a request to the gateway; an absolute-form target
 # is a request for a proxy, whose host the gateway would ignore (a proxy in front may route by
-# it). uvicorn answers these (see MALFORMED_ON_UVICORN).
+# it). uvicorn with httptools answers them (httptools takes both): only kairos' own server is
+# held to this.
 MALFORMED_LINES = {
     "two spaces before the target": b"GET  /healthz HTTP/1.1\r\nhost: x\r\n\r\n",
     "two spaces before the version": b"GET /healthz  HTTP/1.1\r\nhost: x\r\n\r\n",
