@@ -58,6 +58,11 @@ class BackendUnavailable(KairosError, RuntimeError):
     """A database, store or log kairos depends on failed; the request itself was fine."""
 
 
+class OnlineStoreUnavailable(BackendUnavailable, ConnectionError):
+    """The online store cannot answer right now: its server cannot be reached, or its windows
+    are being reloaded from the offline store (a Redis that restarted empty). Retry shortly."""
+
+
 class PlanError(KairosError, ValueError):
     """The requested outputs cannot be computed from the given inputs."""
 

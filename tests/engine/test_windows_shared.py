@@ -1,13 +1,16 @@
 """Windows in Redis: two clients on one Redis (two servers, in effect) agree at once with a
 brute-force oracle, through ties, late events, retried and replaced events; a new windowed
 feature is built from the events Redis holds; a Redis that lost its data is reloaded from the
-offline store."""
+offline store, at the start or under running servers (until then every window is refused,
+never answered from a partial state)."""
 
 import random
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -15,6 +18,7 @@ import redis
 import kairos as kr
 from kairos import DataFrame, FeatureTime, Windowed, _, features, windowed
 from kairos.engine import windows_shared
+from kairos.errors import OnlineStoreUnavailable
 from tests.engine.test_windows import T0, WINDOWED, Account, Payment, brute, events, same
 from tests.stores.conftest import REDIS_URL, delete_prefix, redis_available
 
@@ -292,3 +296,154 @@ def test_a_stored_event_windows_in_redis_cannot_keep_does_not_stop_the_load(
     with server(url, offline=offline) as shared:
         got = shared.query({"account.id": "a1"}, ["account.total[1d]"], now=T0)
     assert got.errors == [] and got.get_value("account.total[1d]") == 2.0
+
+
+# --- a Redis that loses its data under running servers ------------------------------------
+
+WEEK = T0 + timedelta(days=20)
+
+
+def right_or_refused(client: kr.Client, rows: list[dict[str, Any]], account: str) -> bool:
+    """One query: False if refused with OnlineStoreUnavailable, else True and right."""
+    try:
+        result = client.query({"account.id": account}, [*WINDOWED, "account.lifetime"], now=WEEK)
+    except OnlineStoreUnavailable:
+        return False
+    assert result.errors == []
+    for name, value in brute(rows, account, WEEK).items():
+        assert same(result.get_value(name), value), (name, account)
+    lifetime = sum(1 for r in rows if r["account_id"] == account and r["at"] <= WEEK)
+    assert result.get_value("account.lifetime") == lifetime
+    return True
+
+
+def until_whole(clients: list[kr.Client], rows: list[dict[str, Any]]) -> float:
+    """Seconds until every client answers right; every answer before is right or refused."""
+    started = time.monotonic()
+    while not all([right_or_refused(c, rows, a) for c in clients for a in ("a1", "a2")]):
+        assert time.monotonic() - started < 15, "the windows are not whole again after 15 s"
+        time.sleep(0.01)
+    return time.monotonic() - started
+
+
+def test_a_redis_emptied_under_running_servers_is_refused_then_reloaded_once(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    offline = f"duckdb:///{tmp_path}/offline.duckdb"
+    loads: list[bool] = []
+    load = windows_shared.SharedWindows._load
+
+    def counted(self: windows_shared.SharedWindows, token: str, lost: bool) -> None:
+        loads.append(lost)
+        load(self, token, lost)
+
+    monkeypatch.setattr(windows_shared.SharedWindows, "_load", counted)
+    rows = events(61, 600)
+    with server(url, offline=offline) as one, server(url, offline=offline) as two:
+        one.write_events(Payment, rows)
+        assert until_whole([one, two], rows) < 1 and loads == [False]  # the first start's
+        delete_prefix(url.rpartition("prefix=")[2])  # Redis restarted empty
+        late = dict(rows[0], id="late", at=WEEK - timedelta(hours=1))
+        assert two.write_events(Payment, [late]) == 1  # into the empty Redis: kept
+        rows.append(late)
+        right_or_refused(one, rows, "a1")  # refused while it reloads, right after
+        until_whole([two, one], rows)
+        two.write_events(Payment, [dict(late, id="later")])  # on the reloaded state
+        rows.append(dict(late, id="later"))
+        assert until_whole([one, two], rows) < 1
+    assert loads == [False, True]  # one load for both servers, by whichever noticed first
+
+
+def test_a_write_into_an_emptied_redis_does_not_make_its_windows_look_whole(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    offline = f"duckdb:///{tmp_path}/offline.duckdb"
+    rows = events(71, 300)
+    with server(url, offline=offline) as client:
+        client.write_events(Payment, rows)
+        monkeypatch.setattr(windows_shared.SharedWindows, "_reload_soon", lambda self: None)
+        delete_prefix(url.rpartition("prefix=")[2])
+        late = dict(rows[0], id="late", at=WEEK - timedelta(hours=1))
+        client.write_events(Payment, [late])  # alone in Redis: an account with 1 payment
+        rows.append(late)
+        for wanted in (["account.count[30d]"], ["account.payments"], ["account.total[1d]"]):
+            with pytest.raises(OnlineStoreUnavailable, match="reloaded from the offline store"):
+                client.query({"account.id": late["account_id"]}, wanted, now=WEEK)
+        monkeypatch.undo()  # the next refusal reloads
+        until_whole([client], rows)
+
+
+def test_a_load_that_loses_its_lease_midway_is_not_marked_whole(url: str, tmp_path: Path) -> None:
+    offline = f"duckdb:///{tmp_path}/offline.duckdb"
+    rows = events(81, 500)
+    with server(url, offline=offline) as first:
+        first.write_events(Payment, rows)
+    delete_prefix(url.rpartition("prefix=")[2])
+    with server(url, offline=offline) as restarted:
+        windows = restarted.windows
+        assert isinstance(windows, windows_shared.SharedWindows)
+        loader, calls = windows._loader, []
+        assert loader is not None
+
+        def restarting_midway() -> Iterator[Any]:
+            calls.append(1)
+            batches = list(loader())
+            if len(calls) == 1:  # Redis restarts between the lease and the first chunk
+                delete_prefix(url.rpartition("prefix=")[2])
+            yield from batches
+
+        windows._loader = restarting_midway
+        until_whole([restarted], rows)
+    assert len(calls) == 2
+
+
+def test_a_series_only_one_server_knows_is_built_by_it_after_a_reload(
+    url: str, tmp_path: Path
+) -> None:
+    @features(namespace="account")
+    class Account:  # the same class, with one more windowed feature (a server deployed later)
+        id: str
+        payments: DataFrame[Payment]
+        cards: Windowed[float] = windowed(
+            "40d", expression=_.payments[_.kind == "card", _.amount, _.at > _.window_start].sum()
+        )
+
+    offline = f"duckdb:///{tmp_path}/offline.duckdb"
+    rows = events(91, 400)
+    now = T0 + timedelta(days=41)
+    expected = sum(
+        r["amount"]
+        for r in rows
+        if r["account_id"] == "a1"
+        and r["kind"] == "card"
+        and r["amount"] is not None
+        and now - timedelta(days=40) < r["at"] <= now
+    )
+    with server(url, offline=offline) as old, server(url, Payment, Account, offline=offline) as new:
+        new.query({"account.id": "a1"}, ["account.cards[40d]"], now=now)  # built at its start
+        old.write_events(Payment, rows)  # (old writes no contribution to `cards`: rows only)
+        delete_prefix(url.rpartition("prefix=")[2])
+        until_whole([old], rows)  # reloaded by the old server: its series, not `cards`
+        started = time.monotonic()
+        while True:
+            try:
+                got = new.query({"account.id": "a1"}, ["account.cards[40d]"], now=now)
+            except OnlineStoreUnavailable:
+                assert time.monotonic() - started < 15
+                time.sleep(0.01)
+                continue
+            assert same(got.get_value("account.cards[40d]"), expected)
+            break
+
+
+def test_without_an_offline_store_a_lost_redis_counts_the_events_written_since(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = events(101, 200)
+    with server(url) as client:
+        client.write_events(Payment, rows)
+        delete_prefix(url.rpartition("prefix=")[2])
+        late = dict(rows[0], id="late", at=WEEK - timedelta(hours=1))
+        client.write_events(Payment, [late])
+        until_whole([client], [late])  # all it can know: the events it was given since
+    assert "no offline store to reload them from" in caplog.text

@@ -362,6 +362,9 @@ class _Run:
                     finished(running.pop(task))
         finally:
             for task in running:  # nothing is left running if one node blew up
+                # another node may fail too (one store down), even as it is cancelled: the
+                # query's failure is the first one, the others are seen and not logged
+                task.add_done_callback(_seen)
                 task.cancel()
 
     def runs_inline(self, node: PlanNode) -> bool:
@@ -729,3 +732,9 @@ def _output_name(key: Any) -> str:
 
 def _hashable(key: Any) -> Hashable:
     return key if isinstance(key, Hashable) else repr(key)
+
+
+def _seen(task: asyncio.Task[None]) -> None:
+    """Retrieve a task's failure, so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()

@@ -12,9 +12,14 @@ code as the in-process index), and turns what Redis merges back into the aggrega
 - count, sum, mean and std, and min and max of an int or float feature, are tiled;
   distinct_count and min and max of other types read the window's rows.
 - On first use, a server loads the events the offline store holds into Redis unless Redis
-  already has them (a restarted Redis), and builds each aggregate Redis has not seen yet (a
-  new or changed windowed feature) from the events Redis holds. Both are idempotent: two
-  servers starting at once do the work twice and agree.
+  already has them, and builds each aggregate Redis has not seen yet (a new or changed
+  windowed feature) from the events Redis holds. One server loads at a time (a lease in
+  Redis); the others wait for its load marker. Builds are idempotent.
+- A Redis that restarts empty under running servers has no load marker: its scripts answer
+  "not whole" instead of a window, every windowed answer is `OnlineStoreUnavailable` (HTTP
+  503), never an empty window's 0, and the first server to notice reloads it from the
+  offline store in a thread of its own. Events written meanwhile are kept (the offline store
+  first, then Redis, where the load skips them) and count once the load is done.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import hashlib
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,7 +37,7 @@ from typing import Any
 from kairos.definitions.windows import WindowSpec
 from kairos.engine.evaluate import aggregate_values
 from kairos.engine.windows import EventBatch, WindowAggregate, WindowIndex, Windows, or_error
-from kairos.errors import InvalidInput, KairosError
+from kairos.errors import InvalidInput, KairosError, OnlineStoreUnavailable
 from kairos.stores.codec import decode_text, encode, encode_key, to_micros
 from kairos.stores.online.redis import RedisOnlineStore
 from kairos.stores.online.redis_windows import (
@@ -39,6 +45,7 @@ from kairos.stores.online.redis_windows import (
     FANOUT,
     Contribution,
     EventRow,
+    NotWhole,
     RedisWindowStore,
     TileRead,
 )
@@ -52,6 +59,8 @@ _ALL_ROWS = 1 << 62
 _LIMIT = 1 << 53  # microseconds a Lua double holds exactly (years 1685 to 2255)
 _TILED = {"count", "sum", "mean", "std"}
 _EPOCH = datetime.min
+_WAIT = 0.05  # seconds between looks at the load marker while another process loads
+_LOAD_CHUNK = 1000  # events of the offline store encoded and written at a time by a load
 
 
 def windows_for(store: object, loader: Callable[[], Iterable[EventBatch]] | None) -> Windows:
@@ -168,7 +177,10 @@ class SharedWindows:
         self._by_child: dict[str, list[_Series]] = {}
         self._loader = loader
         self._ready = False
-        self._ready_lock = threading.Lock()
+        self._ready_lock = threading.Lock()  # held while this process makes Redis whole
+        self._reload: threading.Thread | None = None
+        self._reload_lock = threading.Lock()
+        self._closed = threading.Event()
 
     def register(
         self,
@@ -204,7 +216,10 @@ class SharedWindows:
         """Store events of `child`, already passed by `check`, and what they add to its
         windows; returns how many events changed (a retried delivery changes nothing)."""
         self._prepare()
-        return self._write(child, fks, time_field, rows, primary)
+        written = self.store.write(self._events(child, fks, time_field, rows, primary))
+        if not written.whole:  # kept in Redis (and in the offline store): counted once reloaded
+            self._reload_soon()
+        return written.changed
 
     async def values(
         self, feature: tuple[str, str], keys: Sequence[Any], nows: Sequence[datetime]
@@ -222,7 +237,11 @@ class SharedWindows:
             first = to_micros(now - spec.window) + (0 if spec.inclusive else 1)
             last = to_micros(now)
             requests.append((series.name, encode_key(key), first, last, exact, series.top))
-        return [or_error(shared.finish, read) for read in await self.store.read(requests)]
+        try:
+            found = await self.store.read(requests)
+        except NotWhole as error:
+            raise self._lost(error) from None
+        return [or_error(shared.finish, read) for read in found]
 
     async def event_rows(
         self, child: str, fk: str, keys: Sequence[Any], nows: Sequence[datetime]
@@ -231,44 +250,114 @@ class SharedWindows:
             await asyncio.to_thread(self._prepare)
         pairs = zip(keys, nows, strict=True)
         requests = [(child, fk, encode_key(key), to_micros(now)) for key, now in pairs]
-        return await self.store.rows(requests)
+        try:
+            return await self.store.rows(requests)
+        except NotWhole as error:
+            raise self._lost(error) from None
 
-    # --- first use ------------------------------------------------------------------------
+    # --- whole (see redis_windows' docstring) -----------------------------------------------
 
     def _prepare(self) -> None:
-        """Load the offline store's events into a Redis that lacks them, and build the
-        aggregates Redis has not seen; once per process."""
+        """Make Redis whole on first use; once per process."""
         if self._ready:
             return
         with self._ready_lock:
             if self._ready:
                 return
-            every = [series for group in self._by_child.values() for series in group]
-            loaded = (
-                "loaded:" + hashlib.sha1(",".join(sorted(self._by_child)).encode()).hexdigest()[:16]
-            )
-            if self._loader is not None and not self.store.marker(loaded):
-                for child, fks, time_field, primary, rows in self._loader():
-                    kept = [row for row in rows if _keepable(row[time_field])]
-                    if len(kept) < len(rows):
-                        logger.warning(
-                            "%d %s events from the offline store are outside the years "
-                            "1685-2255 windows in Redis keep; they are in no window",
-                            len(rows) - len(kept),
-                            child,
-                        )
-                    self._write(child, fks, time_field, kept, primary, load=True)
-                for series in every:
-                    self.store.set_marker("built:" + series.name)
-                self.store.set_marker(loaded)
-            for series in every:
-                if not self.store.marker("built:" + series.name):
-                    self._build(series)
+            self.store.for_events(self._by_child)
+            self._make_whole(lost=False)
             self._ready = True
 
-    def _build(self, series: _Series) -> None:
+    def _lost(self, error: NotWhole) -> OnlineStoreUnavailable:
+        """Redis lacks events (restarted empty): reload it, and refuse to answer meanwhile."""
+        self._reload_soon()
+        return OnlineStoreUnavailable(str(error))
+
+    def _reload_soon(self) -> None:
+        """Make Redis whole again in a thread, one at a time in this process (the lease makes
+        it one load across processes); queries are refused until it is."""
+        with self._reload_lock:
+            if self._closed.is_set() or (self._reload is not None and self._reload.is_alive()):
+                return
+            logger.warning(
+                "%r lacks events the windows need (restarted empty?): reloading it from the "
+                "offline store; windowed answers are OnlineStoreUnavailable until then",
+                self.store.store,
+            )
+            self._reload = threading.Thread(
+                target=self._reload_now, name="kairos-windows-reload", daemon=True
+            )
+            self._reload.start()
+
+    def _reload_now(self) -> None:
+        started = time.monotonic()
+        try:
+            with self._ready_lock:
+                self._make_whole(lost=True)
+        except Exception as error:  # Redis gone again: the next query that notices retries
+            if not self._closed.is_set():
+                logger.warning("reloading the windows in %r failed: %s", self.store.store, error)
+        else:
+            logger.warning(
+                "the windows in %r are whole again after %.1fs",
+                self.store.store,
+                time.monotonic() - started,
+            )
+
+    def _make_whole(self, lost: bool) -> None:
+        """Until Redis has the load marker: load the offline store's events into it under the
+        lease, or wait for the process that holds the lease. Then build the series Redis has
+        not seen, in the generation of that load."""
+        every = [series for group in self._by_child.values() for series in group]
+        while (generation := self.store.generation()) is None:
+            if self._closed.is_set():
+                raise self.store.not_whole()
+            token = self.store.take_lease()
+            if token is None:  # another process is loading
+                time.sleep(_WAIT)
+                continue
+            try:
+                if self.store.generation() is None:  # not loaded while we took the lease
+                    self._load(token, lost)
+                    self.store.finish_load(token, [series.name for series in every])
+            except NotWhole:  # the lease was lost mid-load (Redis restarted): again
+                continue
+            finally:
+                self.store.drop_lease(token)
+        for series in every:
+            if not self.store.built(series.name):
+                self._build(series, generation)
+
+    def _load(self, token: str, lost: bool) -> None:
+        """The offline store's events into Redis (the lease `token` held), skipping the ones
+        Redis has: they were written since the offline store kept them."""
+        if self._loader is None:
+            if lost:
+                logger.error(
+                    "%r lost its events and there is no offline store to reload them from: "
+                    "windows count only the events written from now on; set offline_store",
+                    self.store.store,
+                )
+            return
+        for child, fks, time_field, primary, rows in self._loader():
+            kept = [row for row in rows if _keepable(row[time_field])]
+            if len(kept) < len(rows):
+                logger.warning(
+                    "%d %s events from the offline store are outside the years 1685-2255 "
+                    "windows in Redis keep; they are in no window",
+                    len(rows) - len(kept),
+                    child,
+                )
+            for start in range(0, len(kept), _LOAD_CHUNK):
+                if self._closed.is_set():  # a closing server stops its load at a chunk
+                    raise self.store.not_whole()
+                chunk = kept[start : start + _LOAD_CHUNK]
+                events = self._events(child, fks, time_field, chunk, primary)
+                self.store.write(events, load=token)
+
+    def _build(self, series: _Series, generation: str) -> None:
         """A new series' tiles, from the events Redis holds (skipping any event that another
-        server replaces meanwhile)."""
+        server replaces meanwhile); marked built only if Redis was not emptied meanwhile."""
         batch: list[tuple[EventRow, Contribution]] = []
         for stored in self.store.stored_rows(series.child):
             row = decode_text(stored.payload.decode())
@@ -277,17 +366,17 @@ class SharedWindows:
                 self.store.build(batch)
                 batch = []
         self.store.build(batch)
-        self.store.set_marker("built:" + series.name)
+        self.store.set_built(series.name, generation)
 
-    def _write(
+    def _events(
         self,
         child: str,
         fks: Sequence[str],
         time_field: str,
         rows: Sequence[dict[str, Any]],
         primary: str | None,
-        load: bool = False,
-    ) -> int:
+    ) -> list[tuple[EventRow, list[Contribution]]]:
+        """Events of `child` as Redis keeps them, with what each adds to every series."""
         if primary is None:
             raise KairosError(f"events of {child} need an id to be shared between servers")
         every = self._by_child.get(child, ())
@@ -302,7 +391,7 @@ class SharedWindows:
                     [series.contribution(row, event_id, micros) for series in every],
                 )
             )
-        return self.store.write(events, load=load)
+        return events
 
     def check(self, time_field: str, rows: Sequence[dict[str, Any]]) -> None:
         for row in rows:
@@ -315,4 +404,9 @@ class SharedWindows:
                 )
 
     def close(self) -> None:
+        self._closed.set()
+        with self._reload_lock:
+            reload = self._reload
+        if reload is not None:
+            reload.join(timeout=10)  # a load in progress stops at its next chunk
         self.store.close()

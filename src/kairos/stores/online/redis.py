@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from kairos.backends.redis import open_client
 from kairos.backends.url import redact as redact_url
 from kairos.backends.url import take_options
-from kairos.errors import BackendUnavailable, KairosError
+from kairos.errors import KairosError, OnlineStoreUnavailable
 from kairos.stores.codec import CorruptValue, decode, encode, encode_key, from_micros, to_micros
 from kairos.stores.online.base import StoredValue, StoreKey
 
@@ -69,10 +69,6 @@ end
 return written
 """
 _PUT_NEWEST_SHA = hashlib.sha1(_PUT_NEWEST).hexdigest()
-
-
-class OnlineStoreUnavailable(BackendUnavailable, ConnectionError):
-    """The online store's server cannot be reached."""
 
 
 class RedisOnlineStore:

@@ -27,18 +27,31 @@ A write is one Lua script per chunk of events (atomic, so replicas writing at on
 removal recomputes its tiles from their rows and children. One read script answers every
 window of a query. A count of rows is the sorted set's count; a window of at most `exact`
 rows is answered from its rows, so it gets the arithmetic of a scan.
+
+Whole or refused: a Redis that restarts empty loses the events with the windows, and an empty
+window looks like a real 0. So the windows are answered only while Redis says it holds every
+event: `P:w:loaded:{events}` (the load marker, named for the event classes, holding the
+generation of the load that set it) is set when a load from the offline store completes, and
+`P:w:{A}:built` when series `A` holds every event's contribution. The read script checks both
+atomically with its reads and answers "not whole" instead of a window; the write script
+checks the marker and says whether it wrote into a whole store (a write into an emptied one
+is kept, and the load later skips that event, but nothing reads it before the load ends).
+One process at a time loads, under the lease `P:w:loading:{events}`; each chunk it writes
+checks that it still holds the lease, and the marker is set only by the holder of the lease
+it started with: a Redis that restarts during a load is not marked whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kairos.errors import KairosError
+from kairos.errors import KairosError, OnlineStoreUnavailable
 from kairos.stores.codec import decode
 
 if TYPE_CHECKING:
@@ -46,7 +59,16 @@ if TYPE_CHECKING:
 
     from kairos.stores.online.redis import RedisOnlineStore
 
-__all__ = ["BUCKET", "FANOUT", "Contribution", "EventRow", "RedisWindowStore", "TileRead"]
+__all__ = [
+    "BUCKET",
+    "FANOUT",
+    "Contribution",
+    "EventRow",
+    "NotWhole",
+    "RedisWindowStore",
+    "TileRead",
+    "Written",
+]
 
 FANOUT = 8  # a level-l tile covers BUCKET * FANOUT**l seconds
 _MICROS = 1_000_000
@@ -55,6 +77,7 @@ _BUCKET_MICROS = BUCKET * _MICROS
 # a window read: aggregate, entity, first and last micros, exact limit, top level
 _Request = tuple[str, str, int, int, int, int]
 _CHUNK = 100  # events per write script: a script blocks Redis while it runs
+LEASE_MS = 60_000  # a load's lease: renewed by each chunk it writes, so a dead loader's expires
 
 # the tile geometry, the same in both scripts and in Python
 _LUA_GEOMETRY = f"local BUCKET, FANOUT = {_BUCKET_MICROS}, {FANOUT}\n"
@@ -116,7 +139,8 @@ local function member_value(m)
 end
 """
 
-# ARGV: items, each
+# KEYS: the load marker, the load's lease. ARGV: the load's token ('' for a write), the lease's
+# time to live in ms, then items, each
 #   'E', row hash, event id, stored row, n, then n times (series prefix, contribution, top):
 #        an event and what it adds to each series (contribution '' = nothing);
 #   'L': the same, skipped if the event is there (a load from the offline store);
@@ -125,6 +149,8 @@ end
 # stored row: '<micros>\n<key>\t<key>...\n<payload>'; contribution:
 # '<micros>|<bucket>|<len>|<entity><value>', kept in the row hash under '<id>\t<prefix>'.
 # top: the series' highest tile level, -1 for a series kept as rows only.
+# Returns {events changed, 1 if the store was whole (loaded) / 0 if not / -1: the load has
+# lost its lease (Redis restarted, or the lease expired and another process loads)}.
 _WRITE = (
     _LUA_GEOMETRY
     + _LUA_COMMON
@@ -257,7 +283,14 @@ local function save(hash, sets, deletes)
   if #deletes > 0 then redis.call('HDEL', hash, unpack(deletes)) end
 end
 
-local changed, i = 0, 1
+local whole = 1
+if ARGV[1] ~= '' then
+  if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {0, -1} end
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+elseif redis.call('EXISTS', KEYS[1]) == 0 then
+  whole = 0  -- kept, but unread until the load from the offline store is done
+end
+local changed, i = 0, 3
 while i <= #ARGV do
   local kind, hash, id, stored = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   if kind == 'E' or kind == 'L' then
@@ -320,15 +353,16 @@ for _, tiles in ipairs(keys_in_order) do
   end
   save(tiles, sets, deletes)
 end
-return changed
+return {changed, whole}
 """
 )
 
-# ARGV: windows of 12 values: series prefix, entity, first micros, last micros, exact limit,
-# the two edge ranges (4 values, '' when none), the whole buckets [first, end) the tiles
-# cover, the top level. Returns for each {0, members} (the window's rows), {1, rows, values,
-# numbers, sum and squares of (number - shift), floats, min, max, shift} as text, or with an
-# exact limit below 0 {2, rows}.
+# KEYS: the load marker. ARGV: windows of 12 values: series prefix, entity, first micros, last
+# micros, exact limit, the two edge ranges (4 values, '' when none), the whole buckets
+# [first, end) the tiles cover, the top level. Returns for each {0, members} (the window's
+# rows), {1, rows, values, numbers, sum and squares of (number - shift), floats, min, max,
+# shift} as text, or with an exact limit below 0 {2, rows}; or, instead of any window, -1
+# when the store is not loaded and -2 when a series is not built.
 _READ = (
     _LUA_GEOMETRY
     + _LUA_COMMON
@@ -392,11 +426,55 @@ local function window(a)
           fmt(s[8]), fmt(k)}
 end
 
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local built = {}
+for a = 1, #ARGV, 12 do
+  if not built[ARGV[a]] then
+    if redis.call('EXISTS', ARGV[a] .. ':built') == 0 then return -2 end
+    built[ARGV[a]] = true
+  end
+end
 local replies = {}
 for a = 1, #ARGV, 12 do replies[#replies + 1] = window(a) end
 return replies
 """
 )
+
+# KEYS: the load marker, the load's lease, then the built marker of each series the load
+# filled. ARGV: the load's token. The store is marked whole (generation: the token) only if
+# the load still holds its lease; returns 1 if it was.
+_FINISH_LOAD = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+for i = 3, #KEYS do redis.call('SET', KEYS[i], ARGV[1]) end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[2])
+return 1
+"""
+# KEYS: a load's lease. ARGV: its token. Gives the lease back if it is still that load's.
+_DROP_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+# KEYS: the load marker, a series' built marker. ARGV: the generation the build started in.
+# A build that ran across a restart (or a reload) does not mark its series built.
+_SET_BUILT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[1])
+return 1
+"""
+
+
+class NotWhole(OnlineStoreUnavailable):
+    """Redis lacks events the windows need: it restarted empty (no load marker) and the load
+    from the offline store has not finished, or a series is not built yet."""
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a write did: events changed, and whether the store it wrote into was whole."""
+
+    changed: int
+    whole: bool
 
 
 @dataclass(frozen=True)
@@ -465,6 +543,11 @@ class RedisWindowStore:
         self.prefix = store.prefix
         self._blocking: redis.Redis = redis_sync.Redis.from_url(store.url)
         self._write = self._blocking.register_script(_WRITE)
+        self._finish_load = self._blocking.register_script(_FINISH_LOAD)
+        self._drop_lease = self._blocking.register_script(_DROP_LEASE)
+        self._set_built = self._blocking.register_script(_SET_BUILT)
+        self.loaded_key = self.lease_key = ""
+        self.for_events(())
         self._read_sha = hashlib.sha1(_READ.encode()).hexdigest()
         # reads waiting for the next pipeline, per event loop: (requests, their replies)
         self._waiting: dict[asyncio.AbstractEventLoop, tuple[list[Any], asyncio.Future[Any]]] = {}
@@ -483,23 +566,44 @@ class RedisWindowStore:
     def aggregate_prefix(self, name: str) -> str:
         return f"{self.prefix}:w:{name}"
 
+    def built_key(self, name: str) -> str:
+        return f"{self.aggregate_prefix(name)}:built"
+
+    def for_events(self, children: Iterable[str]) -> None:
+        """Check the load marker of these event classes from now on (processes with the same
+        events classes share it): `P:w:loaded:{hash}`, and its lease `P:w:loading:{hash}`."""
+        named = hashlib.sha1(",".join(sorted(children)).encode()).hexdigest()[:16]
+        self.loaded_key = f"{self.prefix}:w:loaded:{named}"
+        self.lease_key = f"{self.prefix}:w:loading:{named}"
+
+    def not_whole(self) -> NotWhole:
+        return NotWhole(
+            f"{self.store!r} lacks events its windows need (Redis lost its data: restarted "
+            "empty?) and is being reloaded from the offline store; retry in a few seconds"
+        )
+
     # --- writes (blocking: called where the events were accepted) ---------------------------
 
     def write(
-        self, events: Sequence[tuple[EventRow, Sequence[Contribution]]], *, load: bool = False
-    ) -> int:
-        """Store events with what each adds to its series; returns how many events changed
-        (a retried delivery changes nothing). With `load`, an event Redis already has is left
-        as it is (a server may have written a newer row since the offline store was read)."""
+        self,
+        events: Sequence[tuple[EventRow, Sequence[Contribution]]],
+        *,
+        load: str | None = None,
+    ) -> Written:
+        """Store events with what each adds to its series: how many events changed (a retried
+        delivery changes nothing), and whether the store was whole. `load`, the token of a
+        held lease (`take_lease`), loads them from the offline store: an event Redis already
+        has is left as it is (a server may have written a newer row since the offline store
+        was read); a load that lost its lease raises NotWhole."""
         items: list[list[Any]] = []
         for row, contributions in events:
-            kind = "L" if load else "E"
+            kind = "E" if load is None else "L"
             item: list[Any] = [kind, self.row_hash(row.child), row.event_id, _stored(row)]
             item.append(len(contributions))
             for c in contributions:
                 item += (self.aggregate_prefix(c.aggregate), _text(c), c.top)
             items.append(item)
-        return self._run(items)
+        return self._run(items, load)
 
     def build(self, contributions: Sequence[tuple[EventRow, Contribution]]) -> None:
         """A new series' contributions of stored events, each applied only if its event is
@@ -519,21 +623,54 @@ class RedisWindowStore:
             ]
         )
 
-    def _run(self, items: Sequence[list[Any]]) -> int:
-        changed = 0
+    def _run(self, items: Sequence[list[Any]], load: str | None = None) -> Written:
+        changed, whole = 0, True
+        keys = [self.loaded_key, self.lease_key]
         with self._failures():
             for start in range(0, len(items), _CHUNK):
                 flat = [part for item in items[start : start + _CHUNK] for part in item]
-                changed += int(self._write(args=flat))
-        return changed
+                done, state = self._write(keys=keys, args=[load or "", LEASE_MS, *flat])
+                if int(state) < 0:
+                    raise self.not_whole()  # the load's lease is gone: Redis restarted?
+                changed, whole = changed + int(done), whole and int(state) == 1
+        return Written(changed, whole)
 
-    def marker(self, name: str) -> bool:
-        with self._failures():
-            return bool(self._blocking.exists(f"{self.prefix}:w:{name}"))
+    # --- whole or not (see the module's docstring) ------------------------------------------
 
-    def set_marker(self, name: str) -> None:
+    def generation(self) -> str | None:
+        """The load marker: the token of the load that completed last, None before one."""
         with self._failures():
-            self._blocking.set(f"{self.prefix}:w:{name}", b"1")
+            found = self._blocking.get(self.loaded_key)
+        if found is None:
+            return None
+        return found.decode() if isinstance(found, bytes) else str(found)
+
+    def take_lease(self) -> str | None:
+        """The token of a new lease to load the store, None while another process holds it."""
+        token = uuid.uuid4().hex
+        with self._failures():
+            taken = self._blocking.set(self.lease_key, token, nx=True, px=LEASE_MS)
+        return token if taken else None
+
+    def finish_load(self, token: str, series: Sequence[str]) -> bool:
+        """Mark the store whole and `series` built, if the load `token` still holds its lease."""
+        keys = [self.loaded_key, self.lease_key, *(self.built_key(name) for name in series)]
+        with self._failures():
+            return bool(self._finish_load(keys=keys, args=[token]))
+
+    def drop_lease(self, token: str) -> None:
+        with self._failures():
+            self._drop_lease(keys=[self.lease_key], args=[token])
+
+    def built(self, name: str) -> bool:
+        with self._failures():
+            return bool(self._blocking.exists(self.built_key(name)))
+
+    def set_built(self, name: str, generation: str) -> bool:
+        """Mark a series built, if the store is still the one loaded in `generation`."""
+        with self._failures():
+            keys = [self.loaded_key, self.built_key(name)]
+            return bool(self._set_built(keys=keys, args=[generation]))
 
     def stored_rows(self, child: str) -> Iterator[EventRow]:
         """Every event Redis holds for `child` (for a new aggregate's first build)."""
@@ -562,6 +699,8 @@ class RedisWindowStore:
         batch = self._waiting.get(loop)
         if batch is None:
             batch = self._waiting[loop] = ([], loop.create_future())
+            # a query whose other node failed first cancels its waiters: the failure is seen
+            batch[1].add_done_callback(lambda replies: replies.cancelled() or replies.exception())
             loop.call_soon(self._send, loop)
         start = len(batch[0])
         batch[0].extend(requests)
@@ -627,12 +766,15 @@ class RedisWindowStore:
             return []
         client = self.store.client()
         try:
-            async with client.pipeline(transaction=False) as pipe:
+            async with client.pipeline(transaction=True) as pipe:  # the marker with the rows
+                pipe.exists(self.loaded_key)
                 for child, fk, entity, last in requests:
                     pipe.zrangebyscore(self.rows_key(child, fk, entity), "-inf", last)
-                replies = await pipe.execute()
+                loaded, *replies = await pipe.execute()
         except self.store.unreachable as error:
             raise self.store.unavailable(error) from None
+        if not loaded:
+            raise self.not_whole()
         return [[decode(payload) for payload in reply] for reply in replies]
 
     def close(self) -> None:
@@ -660,16 +802,18 @@ class RedisWindowStore:
         replies: list[Any]
         if len(flat) == 1:  # the usual online query: no pipeline to build
             try:
-                replies = [await client.evalsha(self._read_sha, 0, *flat[0])]
+                replies = [await client.evalsha(self._read_sha, 1, self.loaded_key, *flat[0])]
             except self.store.response_error as error:
                 replies = [error]
         else:
             async with client.pipeline(transaction=False) as pipe:
                 for arguments in flat:
-                    pipe.evalsha(self._read_sha, 0, *arguments)
+                    pipe.evalsha(self._read_sha, 1, self.loaded_key, *arguments)
                 replies = await pipe.execute(raise_on_error=False)
         found: list[Any] = []
         for chunk, reply in zip(chunks, replies, strict=True):
+            if isinstance(reply, int):  # -1 not loaded, -2 a series not built: none is whole
+                raise self.not_whole()
             found += [reply] * len(chunk) if isinstance(reply, Exception) else reply
         return found
 
