@@ -84,13 +84,13 @@ def floor_calls(windows: SharedWindows, account: str, nows: list[datetime]) -> l
     return calls
 
 
-async def floor(url: str, sha: str, calls: list[list[list[Any]]]) -> list[float]:
+async def floor(url: str, sha: str, loaded: str, calls: list[list[list[Any]]]) -> list[float]:
     client = redis.asyncio.Redis.from_url(url)
     samples = []
     try:
         for query in calls:
             began = time.perf_counter()
-            await client.evalsha(sha, 0, *[part for args in query for part in args])
+            await client.evalsha(sha, 1, loaded, *[part for args in query for part in args])
             samples.append(time.perf_counter() - began)
     finally:
         await client.aclose()
@@ -131,7 +131,7 @@ def main() -> None:
                     assert not result.errors, result.errors
                 calls = floor_calls(windows, account, nows)
                 sha = windows.store._read_sha
-                base = asyncio.run(floor(args.url, sha, calls))
+                base = asyncio.run(floor(args.url, sha, windows.store.loaded_key, calls))
                 p50, p99 = percentiles(samples)
                 f50, f99 = percentiles(base)
                 rows.append((size, rate, p50, p99, f50, f99))
