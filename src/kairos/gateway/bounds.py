@@ -52,7 +52,8 @@ def model_name(body: dict[str, Any], example: str) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model or len(model) > MAX_MODEL_NAME:
         raise InvalidRequest(
-            f"model is required: a name of 1 to {MAX_MODEL_NAME} characters, e.g. {example!r}",
+            f"model must be a model name of 1 to {MAX_MODEL_NAME} characters, e.g. {example!r} "
+            "(GET /v1/models lists the ones your key may use)",
             param="model",
         )
     return model
