@@ -39,7 +39,7 @@ from kairos.client.offline import Datasets, OfflineResult, Progress, Recompute, 
 from kairos.client.project import Project
 from kairos.client.ray_engine import Rebuild, recompute_engine
 from kairos.client.remote import RemoteClient
-from kairos.client.replay import ReplayResult, replay, replay_runtime
+from kairos.client.replay import ReplayResult, decision_ids, replay, replay_runtime
 from kairos.client.runtime import FeatureNames, OfflineHistory, Runtime, plan_with
 from kairos.client.vectors import VectorFeatures
 from kairos.definitions.durations import DurationLike, parse_duration
@@ -200,7 +200,8 @@ class Client:
         planner = plan_with(self.graph, declared, self.models.resolvers(), self.sources, timeout)
         # Backends that start threads come last, each closed again if a later one fails.
         log = self.config.query_log if query_log is None else query_log
-        opened: QueryLog = query_log_from_url(log) if isinstance(log, str) else log
+        mode = self.config.query_log_durability  # kairos.yaml's query_log.durability
+        opened: QueryLog = query_log_from_url(log, durability=mode) if isinstance(log, str) else log
         self.log = DecisionLog(opened, FeatureNames(self.graph), lambda: self.datasets)
         self._logging = not isinstance(opened, NullQueryLog)
         store = self.config.online_store if online_store is None else online_store
@@ -510,13 +511,7 @@ class Client:
         recompute: Sequence[Any] = (),
     ) -> ReplayResult:
         if query_ids is not None:
-            if (
-                isinstance(query_ids, str)
-                or not isinstance(query_ids, Sequence)
-                or not all(isinstance(q, str) for q in query_ids)
-            ):
-                raise InvalidInput("query_ids must be a list of query ids", field="query_ids")
-            wanted = list(dict.fromkeys(query_ids))  # each decision once
+            wanted = decision_ids(query_ids)
             found = await asyncio.to_thread(self.log.store.get_many, wanted)
             missing = [q for q in wanted if q not in found]
             if missing:

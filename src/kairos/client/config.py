@@ -4,7 +4,8 @@
       bank: sqlite:///data/fraud.db
       warehouse: postgresql://kairos:${PG_PASSWORD}@db:5432/bank
     online_store: redis://127.0.0.1:6379/0     # default memory://
-    query_log: sqlite:///.kairos/query_log.db   # default for a project folder
+    query_log: sqlite:///.kairos/query_log.db   # default for a project folder; or
+    # query_log: {url: postgresql://..., durability: acknowledged}   # _query_log below
     vectors: .kairos/vectors                    # kr.nearest indexes; or postgresql://...
     resolver_timeout: 5s
     server:
@@ -40,6 +41,7 @@ from kairos.definitions.durations import parse_duration
 from kairos.errors import KairosError, ProjectError
 from kairos.serving.deploy import DeploymentSpec
 from kairos.sources.streams.base import StreamSpec
+from kairos.stores.query_log import DURABILITY
 
 CONFIG_FILE = "kairos.yaml"
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -166,6 +168,7 @@ class Config:
     online_store: str = "memory://"
     offline_store: str = "none://"
     query_log: str = "none://"
+    query_log_durability: str = "batched"  # `query_log: {durability: ...}`, one of DURABILITY
     resolver_timeout: timedelta = timedelta(seconds=10)
     server: ServerConfig = field(default_factory=ServerConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)
@@ -218,7 +221,8 @@ class Config:
             sources=dict(sources),
             online_store=_url(raw.get("online_store", defaults.online_store), folder, path),
             offline_store=_url(raw.get("offline_store", defaults.offline_store), folder, path),
-            query_log=_url(raw.get("query_log", defaults.query_log), folder, path),
+            query_log=_url(_query_log(raw, "url", defaults.query_log, path), folder, path),
+            query_log_durability=_query_log(raw, "durability", "batched", path),
             resolver_timeout=parse_duration(
                 raw.get("resolver_timeout", "10s"), field=f"{path} resolver_timeout"
             ),
@@ -359,6 +363,24 @@ def _models(raw: Any, folder: Path, path: Path) -> ModelsConfig:
         threads=threads,
         refresh=parse_duration(raw.get("refresh", "5s"), field=f"{path} models.refresh"),
     )
+
+
+def _query_log(raw: dict[str, Any], key: str, default: str, path: Path) -> Any:
+    """A setting of `query_log:`, which is a URL or `{url: ..., durability: ...}`.
+    `durability: batched` (default) answers a query at once and commits its record within
+    ~50 ms (what a `kill -9` can lose); `acknowledged` answers once it is committed."""
+    section = raw.get("query_log")
+    if not isinstance(section, dict):
+        return section if key == "url" and section is not None else default
+    unknown = sorted(set(section) - {"url", "durability"})
+    if unknown:
+        raise ProjectError(f"{path}: `query_log` takes url and durability, not {unknown[0]!r}")
+    value = section.get(key, default)
+    if key == "durability" and value not in DURABILITY:
+        raise ProjectError(
+            f"{path}: `query_log.durability` is one of {', '.join(DURABILITY)}, got {value!r}"
+        )
+    return value
 
 
 def _url(value: Any, folder: Path, path: Path) -> str:

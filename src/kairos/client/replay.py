@@ -262,6 +262,17 @@ def replay_runtime(
     return replace(runtime, declared=tuple(declared), planner=planner), changed
 
 
+def decision_ids(query_ids: Any) -> list[str]:
+    """The query ids a replay names, each once, in order; not a list of ids: InvalidInput."""
+    if (
+        isinstance(query_ids, str)
+        or not isinstance(query_ids, Sequence)
+        or not all(isinstance(q, str) for q in query_ids)
+    ):
+        raise InvalidInput("query_ids must be a list of query ids", field="query_ids")
+    return list(dict.fromkeys(query_ids))
+
+
 def _name(resolver: Any) -> str | None:
     return getattr(resolver, "name", None)
 
