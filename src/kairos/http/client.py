@@ -4,10 +4,17 @@ streamed as they arrive. It does only what the gateway needs (POST JSON, TLS, co
 chunked bodies, HTTP(S)_PROXY and NO_PROXY) at a fraction of a general client's cost per call
 (bench/gateway.py measures it against httpx in the same run).
 
-A request is never sent twice: once its bytes may have reached the upstream, a failure is the
-caller's (a retry could bill the call twice). Pooled connections are dropped after `IDLE_EXPIRY`
-seconds unused (before a server's usual 5 s keep-alive ends them under a request) and after
-`MAX_AGE` seconds in all (so a changed DNS answer or a drained upstream is picked up).
+A request is never sent twice once its bytes may have reached the upstream: such a failure is the
+caller's (a retry could bill the call twice). One that provably never reached it is sent again
+on a fresh connection, at most `RESENDS` times: the peer's TCP acknowledged none of its bytes
+(Linux's TCP_INFO `bytes_acked`) and no byte of an answer came. That is a pooled connection the
+upstream closed just as the request went out, or a new one an upstream with a full accept queue
+reset: a healthy upstream under a burst, not a failure of it. Where TCP_INFO cannot be read, every
+written request counts as reached. A pooled connection whose peer already hung up (its TCP state
+is no longer ESTABLISHED, though the loop has not seen the end yet) is never reused. Pooled
+connections are dropped after `IDLE_EXPIRY` seconds unused (before a server's usual 5 s
+keep-alive ends them under a request) and after `MAX_AGE` seconds in all (so a changed DNS
+answer or a drained upstream is picked up).
 
 >>> client = HTTPClient()  # doctest: +SKIP
 >>> response = await client.request("POST", "https://x.example/v1", {}, b"{}", 30)  # doctest: +SKIP
@@ -18,7 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import os
+import socket
 import ssl
+import struct
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
@@ -31,18 +42,78 @@ from kairos import telemetry
 from kairos.errors import KairosError
 
 _IDLE_PER_ORIGIN = 256
+_GAP = 0.001  # seconds between new connections to one origin past a burst
+_BURST = 32  # new connections to one origin opened at once
 IDLE_EXPIRY = 4.0  # seconds a pooled connection may wait unused
 MAX_AGE = 300.0  # seconds a connection is reused for, from its opening
 _END = b""
+RESENDS = 2  # times a request that provably never reached the upstream is sent again
+_RESEND_PAUSE = (0.02, 0.1)  # seconds before each resend: an accept queue drains meanwhile
+_TAKEN_WITHIN = 1.0  # seconds for the peer's TCP to acknowledge a request's first bytes
+_TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux only
+_TCP_ESTABLISHED = 1
+_BYTES_ACKED = 120  # offset of tcpi_bytes_acked (a u64) in struct tcp_info, Linux >= 4.1
 
 
 class HTTPFailure(KairosError, ConnectionError):
-    """The exchange failed; `connected` says whether the request could have been sent."""
+    """The exchange failed; `connected` says whether the request could have reached the
+    upstream (False: provably not, so it was not served)."""
 
     def __init__(self, message: str, *, connected: bool, timed_out: bool = False) -> None:
         super().__init__(message)
         self.connected = connected
         self.timed_out = timed_out
+
+
+class _Probe:
+    """The kernel's view of one connection (TCP_INFO) through a duplicate of its socket, so it
+    can still be read when the loop reports the connection lost (uvloop closes its descriptor
+    first). Without TCP_INFO (not Linux, not TCP) it knows nothing and says so."""
+
+    __slots__ = ("_socket",)
+
+    def __init__(self, transport: asyncio.BaseTransport) -> None:
+        self._socket: socket.socket | None = None
+        raw = transport.get_extra_info("socket")
+        if _TCP_INFO is None or raw is None or raw.family not in (socket.AF_INET, socket.AF_INET6):
+            return
+        try:
+            self._socket = socket.socket(fileno=os.dup(raw.fileno()))
+        except OSError:
+            self._socket = None
+
+    def _info(self) -> bytes | None:
+        if self._socket is None:
+            return None
+        try:
+            info = self._socket.getsockopt(socket.IPPROTO_TCP, cast(int, _TCP_INFO), 136)
+        except OSError:
+            return None
+        return info if len(info) >= _BYTES_ACKED + 8 else None
+
+    def acked(self) -> int | None:
+        """Bytes the peer's TCP acknowledged so far (None: unknown)."""
+        info = self._info()
+        return None if info is None else int(struct.unpack_from("Q", info, _BYTES_ACKED)[0])
+
+    def discard_unsent(self) -> None:
+        """Closing will reset the connection and drop what is still queued (SO_LINGER 0):
+        a request judged never reached must not arrive after all."""
+        if self._socket is not None:
+            with contextlib.suppress(OSError):
+                self._socket.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
+
+    def established(self) -> bool:
+        """False once the peer has hung up (FIN or RST), even before the loop reads it."""
+        info = self._info()
+        return info is None or info[0] == _TCP_ESTABLISHED
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
 
 
 class _Connection(asyncio.Protocol):
@@ -58,16 +129,21 @@ class _Connection(asyncio.Protocol):
         self.opened = time.monotonic()
         self.idle_since = self.opened
         self.tunnel: asyncio.StreamWriter | None = None  # a proxy's CONNECT tunnel, when in one
+        self.probe: _Probe | None = None
+        self.acked_before: int | None = None  # the peer's acknowledged bytes before the request
+        self.answered = False  # a byte of the current exchange's answer arrived
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self.probe = _Probe(transport)
 
     def eof_received(self) -> bool | None:
         self.closed = True  # the upstream ended the connection: it is never reused
         return None
 
     def data_received(self, data: bytes) -> None:
+        self.answered = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as error:
@@ -75,15 +151,32 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.complete:
-            return
-        delimited = "content-length" in self.headers or "chunked" in self.headers.get(
-            "transfer-encoding", ""
-        )
-        if exc is None and self.head is not None and self.head.done() and not delimited:
-            self.on_message_complete()  # a body that ends when the connection does
-            return
-        self._fail(HTTPFailure("the upstream closed the connection", connected=True))
+        try:
+            if self.complete:
+                return
+            delimited = "content-length" in self.headers or "chunked" in self.headers.get(
+                "transfer-encoding", ""
+            )
+            if exc is None and self.head is not None and self.head.done() and not delimited:
+                self.on_message_complete()  # a body that ends when the connection does
+                return
+            reached = self.reached()
+            self._fail(HTTPFailure(
+                "the upstream closed the connection"
+                + ("" if reached else " before it took the request"),
+                connected=reached,
+            ))  # fmt: skip
+        finally:
+            if self.probe is not None:
+                self.probe.close()
+
+    def reached(self) -> bool:
+        """Whether the current request may have reached the upstream: False only when the
+        peer's TCP acknowledged none of its bytes and no answer came (so nothing read it)."""
+        if self.answered or self.acked_before is None or self.probe is None:
+            return True
+        acked = self.probe.acked()
+        return acked is None or acked > self.acked_before
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -111,6 +204,8 @@ class _Connection(asyncio.Protocol):
         transport = cast(asyncio.Transport, self.transport)  # set by connection_made
         self.headers = {}
         self.complete = False
+        self.answered = False
+        self.acked_before = None if self.probe is None else self.probe.acked()
         self.head = asyncio.get_running_loop().create_future()
         transport.write(raw)
         return self.head
@@ -121,10 +216,25 @@ class _Connection(asyncio.Protocol):
             and time.monotonic() - self.opened < MAX_AGE
         )  # fmt: skip
 
+    def alive(self) -> bool:
+        """Not closed, and (where the kernel says) the peer has not hung up."""
+        return not self.closed and (self.probe is None or self.probe.established())
+
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+    def abandon(self) -> bool:
+        """Close after a failed exchange; True when the request provably never reached the
+        upstream (its unsent bytes are then dropped, never delivered late)."""
+        reached = self.reached()
+        if not reached and self.probe is not None:
+            self.probe.discard_unsent()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+        return not reached
 
 
 class _Body:
@@ -187,9 +297,20 @@ class _HeadTimeout(Exception):
     pass
 
 
+class _NotTaken(Exception):
+    pass
+
+
 def _expire_head(head: asyncio.Future[None]) -> None:
     if not head.done():
         head.set_exception(_HeadTimeout())
+
+
+def _check_taken(head: asyncio.Future[None], connection: _Connection) -> None:
+    """A request whose bytes the peer has not acknowledged after `_TAKEN_WITHIN` seconds sits
+    in a handshake the upstream dropped (its accept queue was full): send it afresh."""
+    if not head.done() and not connection.reached():
+        head.set_exception(_NotTaken())
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:
@@ -307,6 +428,7 @@ class HTTPClient:
         self, *, proxies: Mapping[str, str] | None = None, ssl_context: ssl.SSLContext | None = None
     ) -> None:
         self._idle: dict[Origin, list[_Connection]] = {}
+        self._next_open: dict[Origin, float] = {}
         self._targets: dict[str, _Target] = {}
         self._ssl = ssl_context
         self._proxies = dict(
@@ -337,31 +459,62 @@ class HTTPClient:
             headers = telemetry.outgoing(headers)
         lines += [f"{name}: {value}" for name, value in headers.items()]
         raw = ("\r\n".join(lines) + "\r\n" + target.extra + "\r\n").encode("latin-1") + body
-        connection = self._idle_connection(target.origin)
-        if connection is None:
-            connection = await self._connect(target, connect_timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        resends = 0
+        while True:
+            connection = None if resends else self._idle_connection(target.origin)
+            if connection is None:
+                connection = await self._connect(target, connect_timeout)
+            try:
+                await self._exchange(connection, raw, max(deadline - loop.time(), 0.0), timeout)
+            except HTTPFailure as failure:
+                if failure.connected or resends == RESENDS or failure.timed_out:
+                    raise
+                pause = _RESEND_PAUSE[min(resends, len(_RESEND_PAUSE) - 1)]
+                if loop.time() + pause >= deadline:
+                    raise
+                resends += 1  # provably never reached the upstream: send it again, fresh
+                await asyncio.sleep(pause)
+                continue
+            return Response(self, target.origin, connection, timeout)
+
+    @staticmethod
+    async def _exchange(connection: _Connection, raw: bytes, wait: float, timeout: float) -> None:
+        """Write the request and wait (at most `wait` seconds) for the answer's head."""
         head = connection.start(raw)
-        timer = asyncio.get_running_loop().call_later(timeout, _expire_head, head)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(wait, _expire_head, head)
+        taken = loop.call_later(_TAKEN_WITHIN, _check_taken, head, connection)
         try:
-            await head  # no retry after this: the request's bytes may have reached the upstream
+            await head
         except _HeadTimeout:
-            connection.close()
+            untaken = connection.abandon()
             raise HTTPFailure(
-                f"no answer from the upstream in {timeout:g}s", connected=True, timed_out=True
+                f"no answer from the upstream in {timeout:g}s"
+                + (" (it never took the request)" if untaken else ""),
+                connected=not untaken, timed_out=True,
+            ) from None  # fmt: skip
+        except _NotTaken:
+            untaken = connection.abandon()
+            raise HTTPFailure(
+                f"the upstream did not take the request in {_TAKEN_WITHIN:g}s",
+                connected=not untaken,
             ) from None
         except BaseException:  # cancelled (a deadline, a caller gone): the exchange is void
             connection.close()
             raise
         finally:
             timer.cancel()
-        return Response(self, target.origin, connection, timeout)
+            taken.cancel()
 
     def _idle_connection(self, origin: Origin) -> _Connection | None:
         idle = self._idle.get(origin)
         now = time.monotonic()
         while idle:
             connection = idle.pop()
-            if connection.closed:
+            if not connection.alive():
+                connection.close()
                 continue
             if now - connection.idle_since > IDLE_EXPIRY or now - connection.opened > MAX_AGE:
                 connection.close()  # the upstream may be closing it right now
@@ -371,6 +524,15 @@ class HTTPClient:
         return None
 
     async def _connect(self, target: _Target, timeout: float) -> _Connection:
+        # a token bucket per origin: _BURST connections at once, then one per _GAP seconds
+        now = asyncio.get_running_loop().time()
+        at = max(now - _BURST * _GAP, self._next_open.get(target.origin, 0.0)) + _GAP
+        self._next_open[target.origin] = at
+        if at > now:
+            await asyncio.sleep(at - now)
+        return await self._open(target, timeout)
+
+    async def _open(self, target: _Target, timeout: float) -> _Connection:
         host, port, tls, _ = target.origin
         proxy = target.proxy
         if tls and self._ssl is None:
