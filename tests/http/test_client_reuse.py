@@ -6,6 +6,7 @@ accept queue; a pooled connection whose peer hung up is never reused."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
@@ -109,17 +110,25 @@ def test_a_request_the_upstream_may_have_read_is_not_sent_again() -> None:
     asyncio.run(scenario())
 
 
-@pytest.fixture
-def threading_upstream() -> Iterator[str]:
+@contextlib.contextmanager
+def upstream_process(*args: str) -> Iterator[str]:
+    """tests/http/threading_upstream.py in a process of its own; yields its URL."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.http.threading_upstream"], stdout=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-m", "tests.http.threading_upstream", *args],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
         assert process.stdout is not None
         yield f"http://127.0.0.1:{int(process.stdout.readline())}"
     finally:
         process.terminate()
         process.communicate(timeout=10)
+
+
+@pytest.fixture
+def threading_upstream() -> Iterator[str]:
+    with upstream_process() as url:
+        yield url
 
 
 @pytest.mark.slow
@@ -137,7 +146,7 @@ def test_bursts_of_200_concurrent_calls_to_a_threading_upstream(threading_upstre
         async def one() -> None:
             try:
                 response = await client.request("POST", url, {}, b"{}", 5)
-                outcomes.append("ok" if await response.read() == b'{"ok": true}' else "bad")
+                outcomes.append("ok" if b'"usage"' in await response.read() else "bad")
             except http_client.HTTPFailure as error:
                 outcomes.append(str(error))
 
