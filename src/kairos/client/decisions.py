@@ -31,6 +31,9 @@ from kairos.stores.query_log.records import search_key
 
 # search answers at most this many decisions at once; page with `until=` the oldest's `now`
 MAX_LIMIT = 1_000_000
+# what one reply of the server (or a page of the dashboard) lists at most: a listing is built
+# in memory, so a bigger one is paged (`until=`), never one reply of a gigabyte
+MAX_PAGE = 10_000
 
 
 class DecisionLog:
@@ -397,6 +400,7 @@ def decision_records(
 
 __all__ = [
     "MAX_LIMIT",
+    "MAX_PAGE",
     "DecisionLog",
     "decision_records",
     "moment",
