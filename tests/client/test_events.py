@@ -107,3 +107,48 @@ def test_an_event_without_an_id_is_refused_and_nothing_is_kept(tmp_path: Path) -
     with client_on(url) as reopened:
         result = reopened.query({"account.id": "a1"}, ["account.count[1d]"], now=T0)
         assert result.get_value("account.count[1d]") == 0
+
+
+BAD_IDS = [("", "blank"), ("   ", "blank"), ("e" * 257, "257 characters"),
+           ("e" * 100_000, "100000 characters")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("bad", "said"), BAD_IDS)
+def test_an_event_id_blank_or_past_256_characters_is_refused_naming_it(
+    tmp_path: Path, bad: str, said: str
+) -> None:
+    url = f"duckdb:///{tmp_path / 'offline.duckdb'}"
+    good = {"id": "p1", "account_id": "a1", "amount": 1.0, "kind": "card", "at": T0}
+    with client_on(url) as client:
+        with pytest.raises(InvalidInput, match=f"event 1: id .*{said}.*at most 256") as raised:
+            client.write_events(Payment, [good, {**good, "id": bad}])
+        assert raised.value.field == "id"
+        assert len(str(raised.value)) < 300  # a 100 KB id is not repeated back
+        assert client.write_events(Payment, [{**good, "id": "e" * 256}]) == 1  # the most
+    with client_on(url) as reopened:  # nothing of the refused batch was kept
+        result = reopened.query({"account.id": "a1"}, ["account.count[1d]"], now=T0)
+        assert result.get_value("account.count[1d]") == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_post_events_refuses_a_bad_id_with_a_4xx_naming_the_field(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    import httpx
+
+    from kairos.server import create_app
+
+    row = {"id": "h1", "account_id": "a7", "amount": 3.5, "kind": "card", "at": T0.isoformat()}
+    with client_on(f"duckdb:///{tmp_path / 'offline.duckdb'}") as client:
+        transport = httpx.ASGITransport(app=create_app(client))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            for bad, _ in BAD_IDS:
+                response = await http.post(
+                    "/v1/events/payment", json={"rows": [{**row, "id": bad}]}
+                )
+                assert response.status_code == 422, response.text[:300]
+                error = response.json()["error"]
+                assert error["field"] == "id" and "at most 256" in error["message"]
+            kept = await http.post("/v1/events/payment", json={"rows": [row]})
+            assert kept.json() == {"written": 1}

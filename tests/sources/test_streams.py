@@ -127,6 +127,28 @@ def test_redis_events_reach_the_windows_once_and_poison_is_dead_lettered(
     assert pending["pending"] == 0  # every message acknowledged
 
 
+def test_an_event_id_blank_or_past_256_characters_is_dead_lettered_naming_it(
+    tmp_path: Path, stream_key: str, r: redis.Redis
+) -> None:
+    for i in range(5):
+        r.xadd(stream_key, {"data": json.dumps(event(i))})
+    r.xadd(stream_key, {"data": json.dumps({**event(10), "id": ""})})
+    r.xadd(stream_key, {"data": json.dumps({**event(11), "id": "x" * 100_000})})
+    spec = {"kind": "redis", "url": REDIS_URL, "stream": stream_key, "events": "Payment"}
+    with client_for(tmp_path, {"payments": spec}) as client:
+        [consumer] = consumers_for(client)
+        assert asyncio.run(drained(consumer)) == 7  # the consumer went on
+        assert paid(client) == 5
+        assert (consumer.stats.events, consumer.stats.dead) == (5, 2)
+    dead: list[Any] = r.xrange(f"{stream_key}.dead")  # type: ignore[assignment]
+    reasons = sorted(fields[b"reason"].decode() for _, fields in dead)
+    assert len(reasons) == 2
+    assert all("id" in reason and "at most 256 characters" in reason for reason in reasons)
+    assert any("blank" in reason for reason in reasons)
+    assert any("100000 characters" in reason for reason in reasons)
+    assert r.xpending(stream_key, "kairos")["pending"] == 0
+
+
 def test_a_redis_consumer_killed_mid_batch_loses_and_doubles_nothing(
     tmp_path: Path, stream_key: str, r: redis.Redis
 ) -> None:

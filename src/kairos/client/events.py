@@ -26,6 +26,10 @@ from kairos.engine.windows import EventBatch, WindowIndex
 from kairos.errors import InvalidInput, InvalidValue, did_you_mean
 from kairos.stores.offline import FollowedStore, OfflineStore, readable
 
+# characters an event id (the primary key of an events class) may have: it is stored, indexed
+# and compared on every write and read, so a 100 KB id is refused, not kept
+MAX_EVENT_ID = 256
+
 
 def event_class(graph: Graph, namespace: str) -> ClassInfo:
     """The class taking events, or InvalidInput naming the fix."""
@@ -73,8 +77,29 @@ def typed_events(
                 "event is recognised by it)",
                 field=info.primary,
             )
+        check_event_id(clean[info.primary], index, info.primary)
         typed.append(clean)
     return last_of_each(info, typed, versions=versions)
+
+
+def check_event_id(value: Any, index: int, field: str) -> None:
+    """Refuse an id that is blank or over MAX_EVENT_ID characters (InvalidInput naming it).
+
+    >>> check_event_id("t1", 0, "id"); check_event_id(7, 0, "id")  # fine: nothing raised
+    """
+    if not isinstance(value, str):
+        return
+    if not value.strip():
+        problem = f"{value!r} is blank"
+    elif len(value) > MAX_EVENT_ID:
+        problem = f"{value[:20]!r}... is {len(value)} characters long"
+    else:
+        return
+    raise InvalidInput(
+        f"event {index}: {field} {problem}; give every event a non-blank id of at most "
+        f"{MAX_EVENT_ID} characters",
+        field=field,
+    )
 
 
 def last_of_each(
