@@ -92,5 +92,5 @@ def model_pins(specs: Sequence[str]) -> dict[str, int | str]:
         if not sep or not name or not at:
             raise KairosError(f"--model {spec!r}: use NAME@vN for a version or NAME@ALIAS")
         version = at[1:] if at[:1] == "v" else ""
-        pins[name] = int(version) if version.isdigit() else at
+        pins[name] = int(version) if version.isascii() and version.isdigit() else at
     return pins

@@ -115,7 +115,8 @@ def gguf_tokenizer(path: str) -> Tokenizer:
     # freed before the interpreter tears down llama.cpp's bindings, which its __del__ needs
     atexit.register(vocab.close)
     lengths = [v for k, v in vocab.metadata.items() if k.endswith(".context_length")]
-    context = int(lengths[0]) if lengths and str(lengths[0]).isdigit() else None
+    text = str(lengths[0]) if lengths else ""
+    context = int(text) if text.isascii() and text.isdigit() else None  # not "²": int refuses
 
     def count(text: str) -> int:
         with _GGUF_LOCK:  # llama.cpp contexts are not thread-safe

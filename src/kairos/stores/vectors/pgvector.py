@@ -533,7 +533,7 @@ def _parameter(
     if value is None:
         value = options.get(key, default)
         if isinstance(value, str):
-            value = int(value) if value.isdigit() else value
+            value = int(value) if value.isascii() and value.isdigit() else value  # not "²"
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidInput(
             f"vector index {name!r}: {key} {value!r} is not an int from {low} to {high}; "
