@@ -1,7 +1,6 @@
 """Backfills into the offline store (and the online store, never over a newer value), the
 offline and materialize commands, and offline queries over HTTP."""
 
-import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -149,7 +148,9 @@ def anyio_backend() -> str:
 @pytest.mark.anyio
 async def test_offline_queries_over_http(client: kr.Client) -> None:
     app = create_app(client)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as h:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+    ) as h:
         body = {
             "spine": {"meter.id": ["m4"], "ts": [(T0 + timedelta(hours=2)).isoformat()]},
             "outputs": ["meter.reading"],
@@ -157,7 +158,7 @@ async def test_offline_queries_over_http(client: kr.Client) -> None:
         answer = await h.post("/v1/query/offline", json=body)
         assert answer.status_code == 200, answer.text
         assert answer.json()["columns"]["meter.reading"] == [6.0]
-        bad = await h.post("/v1/query/offline", content=json.dumps({**body, "spine": [1]}))
+        bad = await h.post("/v1/query/offline", json={**body, "spine": [1]})
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "spine"
         late = {**body, "spine": {"meter.id": ["m4"], "ts": ["not a time"]}}
         bad_time = await h.post("/v1/query/offline", json=late)

@@ -176,7 +176,7 @@ def test_readyz_reports_a_deployment_starting_then_ready(tiny_project: Path) -> 
     async def probe() -> list[tuple[int, dict[str, object]]]:
         with kr.Client(tiny_project) as client:
             transport = httpx.ASGITransport(app=create_app(client))
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
                 client.llm.deployments.start_all()  # as kairos serve's start does
                 seen = []
                 deadline = time.monotonic() + 60
@@ -200,7 +200,7 @@ def test_readyz_says_restarting_while_a_dead_replica_comes_back(tiny_project: Pa
             (pid,) = client.llm.deployments.pids()
             os.kill(pid, signal.SIGKILL)
             transport = httpx.ASGITransport(app=create_app(client))
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
                 seen: list[str] = []
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline:
@@ -225,7 +225,7 @@ def test_a_deployment_that_cannot_start_names_the_setting(tmp_path: Path) -> Non
             result = await client.query_async({"user.id": "u1"}, ["user.note"])
             app = create_app(client, ServerConfig(keys=("server-key",)))
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
                 anonymous = await http.get("/readyz")
                 insider = await http.get("/readyz", headers={"Authorization": "Bearer server-key"})
             return result, anonymous, insider
@@ -250,7 +250,7 @@ def test_an_engine_not_installed_leaves_the_server_ready(
             with pytest.raises(DeploymentUnavailable, match="kairos-inference\\[llm\\]"):
                 await client.llm.deployments.ready("tiny")
             transport = httpx.ASGITransport(app=create_app(client))
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
                 return await http.get("/readyz")
 
     ready = asyncio.run(run())
@@ -375,7 +375,9 @@ def test_a_missing_tokenizer_file_names_its_setting_and_the_server_still_starts(
             app = create_app(client)
             async with app.router.lifespan_context(app):  # kairos serve's start
                 transport = httpx.ASGITransport(app=app)
-                async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                async with httpx.AsyncClient(
+                    transport=transport, base_url="http://127.0.0.1"
+                ) as http:
                     return (await http.get("/readyz")).status_code
 
     assert asyncio.run(start()) == 200

@@ -255,7 +255,9 @@ async def test_events_over_http(client: kr.Client) -> None:
     from kairos.server import create_app
 
     app = create_app(client)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as h:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+    ) as h:
         row = {"id": "h1", "account_id": "a7", "amount": 3.5, "kind": "card", "at": T0.isoformat()}
         written = await h.post("/v1/events/payment", json={"rows": [row]})
         assert written.status_code == 200 and written.json() == {"written": 1}

@@ -48,7 +48,7 @@ def client(tmp_path: Path, data: tuple[np.ndarray, np.ndarray]) -> Iterator[kr.C
 @pytest.fixture
 async def http(client: kr.Client) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=create_app(client))
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
         yield http
 
 
@@ -137,7 +137,7 @@ async def test_aliases_move_and_roll_back_over_http(
     assert client.log is not None and value.errors == []
     listing = (await http.get("/v1/models")).json()["models"]
     assert listing == [{"name": "score", "latest": 2, "versions": 2, "aliases": {"prod": 2}}]
-    back = await http.post("/v1/models/score/aliases/prod/rollback")
+    back = await http.post("/v1/models/score/aliases/prod/rollback", json={})
     assert back.json()["version"] == 1
     history = (await http.get("/v1/models/score/aliases")).json()["history"]
     assert [(h["action"], h["version"]) for h in history] == [
@@ -163,10 +163,10 @@ async def test_an_alias_move_records_a_digest_of_the_key_never_the_key(
     app = create_app(client, ServerConfig(keys=(key,)))
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://test", headers=headers
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1", headers=headers
     ) as http:
         moved = await http.put("/v1/models/score/aliases/prod", json={"version": 2})
-        back = await http.post("/v1/models/score/aliases/prod/rollback")
+        back = await http.post("/v1/models/score/aliases/prod/rollback", json={})
         history = (await http.get("/v1/models/score/aliases")).json()["history"]
     digest = "key:" + hashlib.sha256(key.encode()).hexdigest()[:8]
     assert moved.json()["changed_by"] == back.json()["changed_by"] == digest
@@ -199,9 +199,10 @@ async def test_register_an_onnx_artifact_over_http(
     np.testing.assert_allclose(
         predicted.json()["predictions"], sk.predict_proba(x32[:3])[:, 1], atol=1e-5
     )
+    octets = {"content-type": "application/octet-stream"}
     garbage = await http.post(
-        "/v1/models/x/versions?format=onnx", content=b"\x00garbage", headers={}
+        "/v1/models/x/versions?format=onnx", content=b"\x00garbage", headers=octets
     )
     assert "not a valid onnx artifact" in error_of(garbage, 422)["message"]
-    no_format = await http.post("/v1/models/x/versions", content=b"abc")
+    no_format = await http.post("/v1/models/x/versions", content=b"abc", headers=octets)
     assert error_of(no_format, 422)["field"] == "format"

@@ -328,7 +328,7 @@ async def test_the_whole_path_is_in_the_result_the_response_and_the_metrics(
 
         app = create_app(client)
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://kairos") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             body = {"inputs": {"shopper.id": "s2"}, "outputs": ["shopper.advice"]}
             reply = (await http.post("/v1/query/online", json=body)).json()
             metrics = (await http.get("/metrics")).text

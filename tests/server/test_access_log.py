@@ -123,7 +123,7 @@ def rating(sid: Shop.id) -> Shop.rating:
 async def failing() -> AsyncIterator[httpx.AsyncClient]:
     with kr.Client(definitions=[Shop, rating], query_log="none://") as client:
         transport = httpx.ASGITransport(app=create_app(client))
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             yield http
 
 
@@ -156,7 +156,7 @@ async def test_an_internal_error_is_a_500_without_a_traceback_and_the_log_has_it
     with kr.Client(definitions=[Shop, rating], query_log="none://") as client:
         monkeypatch.setattr(client.log.store, "search", broken)  # a fault no handler expects
         transport = httpx.ASGITransport(app=create_app(client))
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             with caplog.at_level(logging.ERROR, logger="kairos.server.app"):
                 answer = await http.get("/v1/log")
     assert answer.status_code == 500

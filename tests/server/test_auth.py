@@ -2,6 +2,7 @@
 OpenAPI document stay public, and no key is ever echoed. `kairos serve` will not expose a
 server beyond loopback without keys."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -15,8 +16,9 @@ import pytest
 import kairos as kr
 from kairos.cli.serve import serve
 from kairos.client.config import ServerConfig
-from kairos.errors import KairosError
+from kairos.errors import KairosError, ProjectError
 from kairos.server import create_app
+from kairos.ui.throttle import AuthThrottle
 from tests.server.fraud import PROJECT, copy_project, error_of, online_body
 
 KEY = "secret-key"
@@ -45,8 +47,9 @@ WRONG: list[dict[str, Any]] = [
 @pytest.fixture
 async def secured(client: kr.Client) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(client, ServerConfig(keys=(KEY, "second-key")))
+    app.state.server.throttle.most = 1000  # these try many wrong keys; the throttle's own below
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
         yield http
 
 
@@ -61,7 +64,8 @@ async def test_protected_routes_need_a_valid_bearer_key(
         assert error["code"] == "unauthorized", headers
         assert "Bearer" in error["message"]
     # a bad body without a key is still a 401: nothing is parsed before the key is checked
-    error_of(await secured.request(method, path, content=b"{nope"), 401)
+    json_type = {"content-type": "application/json"}
+    error_of(await secured.request(method, path, content=b"{nope", headers=json_type), 401)
 
     for header in (f"Bearer {KEY}", f"bearer {KEY}", "Bearer second-key", f"Bearer  {KEY} "):
         response = await secured.request(method, path, json=body, headers={"authorization": header})
@@ -151,7 +155,7 @@ async def test_readyz_hides_source_errors_from_callers_without_a_key(tmp_path: P
     with kr.Client(project, query_log="none://", offline_store="none://") as client:
         app = create_app(client, ServerConfig(keys=("secret-key",)))
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             anonymous = await http.get("/readyz")
             insider = await http.get("/readyz", headers={"Authorization": "Bearer secret-key"})
     assert anonymous.status_code == insider.status_code == 503
@@ -176,3 +180,116 @@ def test_kairos_serve_on_a_port_in_use_says_so_in_one_line(fraud_db: Path, worke
         "with --port"
     ]
     assert "kairos serving" not in done.stdout
+
+
+# --- an empty key is a configuration error, not a server that refuses everyone ----------
+
+
+@pytest.mark.parametrize("value", ["", " ", "\t\n"])
+def test_an_empty_or_blank_key_is_a_config_error_at_start(
+    fraud_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    project = copy_project(tmp_path / "fraud")
+    config = project / "kairos.yaml"
+    config.write_text(
+        config.read_text().replace(
+            "  host: 127.0.0.1\n", '  host: 0.0.0.0\n  keys: ["${KAIROS_API_KEY}"]\n'
+        )
+    )
+    monkeypatch.setenv("KAIROS_API_KEY", value)
+    port = free_port()
+    with pytest.raises(ProjectError, match=r"`server\.keys` entry 1 is empty or blank") as raised:
+        serve(str(project), None, port)
+    assert "KAIROS_API_KEY" in str(raised.value)  # the fix names what to set
+    assert nothing_listens_on(port)
+    with pytest.raises(ProjectError, match=r"server\.keys"):
+        ServerConfig(keys=("good-key", value))  # built in code, the same rule
+
+
+def test_kairos_serve_with_an_empty_key_exits_2_naming_server_keys(
+    fraud_db: Path, tmp_path: Path
+) -> None:
+    project = copy_project(tmp_path / "fraud")
+    config = project / "kairos.yaml"
+    config.write_text(
+        config.read_text().replace(
+            "  port: 8000\n", '  port: 8000\n  keys: ["${KAIROS_API_KEY}"]\n'
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "kairos.cli", "serve", str(project), "--host", "0.0.0.0",
+         "--port", str(free_port())],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "KAIROS_API_KEY": ""},
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert "`server.keys` entry 1 is empty or blank" in done.stderr
+    assert "Traceback" not in done.stderr and "kairos serving" not in done.stdout
+
+
+# --- failed authentications are throttled per client -----------------------------------
+
+
+def from_address(app: Any, address: str, **headers: str) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app, client=(address, 40000))
+    return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", headers=headers)
+
+
+@pytest.mark.anyio
+async def test_ten_wrong_keys_a_minute_lock_a_client_out_with_retry_after(
+    client: kr.Client,
+) -> None:
+    app = create_app(client, ServerConfig(keys=(KEY,)))
+    wrong = {"authorization": "Bearer guess"}
+    async with from_address(app, "203.0.113.7", **wrong) as guesser:
+        for _ in range(10):
+            error_of(await guesser.get("/v1/log/x"), 401)
+        for _ in range(3):
+            locked = await guesser.get("/v1/log/x")
+            error = error_of(locked, 429)
+            assert error["code"] == "too_many_failures"
+            assert 0 < int(locked.headers["retry-after"]) <= 60
+        # locked out, the key is not even checked: guessing on gets no answer at all
+        right = await guesser.get("/v1/log/x", headers={"authorization": f"Bearer {KEY}"})
+        error_of(right, 429)
+        # a minute after its first failure it may try again
+        throttle = app.state.server.throttle
+        now = throttle.clock()
+        throttle.clock = lambda: now + 61
+        assert (await guesser.get("/metrics", headers={"authorization": f"Bearer {KEY}"})
+                ).status_code == 200  # fmt: skip
+    async with from_address(app, "198.51.100.1") as other:  # another client: not locked
+        assert (await other.get("/metrics", headers={"authorization": f"Bearer {KEY}"})
+                ).status_code == 200  # fmt: skip
+
+
+@pytest.mark.anyio
+async def test_success_and_requests_without_a_key_are_never_counted(client: kr.Client) -> None:
+    app = create_app(client, ServerConfig(keys=(KEY,)))
+    async with from_address(app, "203.0.113.8") as http:
+        for _ in range(30):
+            ok = await http.get("/metrics", headers={"authorization": f"Bearer {KEY}"})
+            assert ok.status_code == 200
+            error_of(await http.get("/metrics"), 401)  # no key: told to send one, not counted
+        for _ in range(9):
+            error_of(await http.get("/metrics", headers={"authorization": "Bearer x"}), 401)
+        ok = await http.get("/metrics", headers={"authorization": f"Bearer {KEY}"})
+        assert ok.status_code == 200
+
+
+@pytest.mark.anyio
+async def test_readyz_is_no_way_around_the_throttle(client: kr.Client) -> None:
+    app = create_app(client, ServerConfig(keys=(KEY,)))
+    async with from_address(app, "203.0.113.9", authorization="Bearer guess") as guesser:
+        for _ in range(10):
+            assert (await guesser.get("/readyz")).status_code == 200  # public: answered
+        error_of(await guesser.get("/metrics"), 429)  # but each wrong key was counted
+
+
+def test_the_throttle_remembers_a_bounded_number_of_clients() -> None:
+    throttle = AuthThrottle(most=3, window=60.0, clients=100, clock=lambda: 0.0)
+    for address in range(10_000):
+        throttle.failed(f"10.0.{address // 256}.{address % 256}")
+    assert len(throttle) == 100
+    for _ in range(3):
+        throttle.failed("192.0.2.1")
+    assert throttle.retry_after("192.0.2.1") == 60 and len(throttle) == 100

@@ -15,6 +15,7 @@ from tests.server.fraud import error_of, online_body
 pytestmark = pytest.mark.anyio
 
 NOW = ANCHOR.isoformat()
+JSON = {"content-type": "application/json"}  # raw bodies below are sent as JSON
 ONE = {"inputs": {"user.id": "u0001"}, "outputs": ["user.name"]}
 MANY = {"inputs": {"user.id": ["u0001"]}, "outputs": ["user.name"]}
 PLAN = {"inputs": ["user.id"], "outputs": ["user.name"]}
@@ -69,7 +70,7 @@ SHAPE_ERRORS = [
 async def test_a_body_of_the_wrong_shape_is_a_422_naming_the_field(
     http: httpx.AsyncClient, path: str, body: Any, field: str
 ) -> None:
-    error = error_of(await http.post(path, content=json.dumps(body).encode()), 422)
+    error = error_of(await http.post(path, content=json.dumps(body).encode(), headers=JSON), 422)
     assert error["field"] == field
     assert field in error["message"]
     assert any(fix in error["message"] for fix in FIXES), error["message"]
@@ -78,7 +79,7 @@ async def test_a_body_of_the_wrong_shape_is_a_422_naming_the_field(
 @pytest.mark.parametrize("raw", [b'{"inputs": {"user.id": "u0001"}', b"", b"\xff\xfe", b"{'a': 1}"])
 @pytest.mark.parametrize("path", ["/v1/query/online", "/v1/query/bulk", "/v1/query/plan"])
 async def test_malformed_json_is_a_400(http: httpx.AsyncClient, path: str, raw: bytes) -> None:
-    error = error_of(await http.post(path, content=raw), 400)
+    error = error_of(await http.post(path, content=raw, headers=JSON), 400)
     assert error["code"] == "malformed_json"
     assert "not valid JSON" in error["message"]
 
@@ -185,11 +186,12 @@ async def test_a_405_says_which_methods_are_allowed(http: httpx.AsyncClient) -> 
 
 async def test_an_oversized_body_is_a_413(http: httpx.AsyncClient) -> None:
     raw = b'{"inputs": {"user.id": "u0001"}, "outputs": ["user.name"]' + b" " * MAX_BODY + b"}"
-    error = error_of(await http.post("/v1/query/online", content=raw), 413)
+    error = error_of(await http.post("/v1/query/online", content=raw, headers=JSON), 413)
     assert error["code"] == "too_large"
     just_fits = b'{"inputs": {"user.id": "u0001"}, "outputs": ["user.name"]}'
     just_fits = just_fits[:-1] + b" " * (MAX_BODY - len(just_fits)) + b"}"
-    assert (await http.post("/v1/query/online", content=just_fits)).status_code == 200
+    fits = await http.post("/v1/query/online", content=just_fits, headers=JSON)
+    assert fits.status_code == 200
 
 
 # --- bugs: inputs that reach a 5xx or are accepted and then lost ---------------------------
@@ -243,3 +245,76 @@ async def test_a_reused_query_id_never_reads_back_another_decision(
     logged = (await http.get("/v1/log/same")).json()
     assert logged["inputs"] == {"user.id": "u0002"}
     assert logged["outputs"]["user.name"]["value"] == second.json()["values"]["user.name"]
+
+
+# --- listings are bounded: a limit past 10,000 is a 400 naming it and the most --------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/log", "/v1/models", "/v1/models/risk", "/v1/models/risk/aliases"],
+)
+@pytest.mark.parametrize("limit", ["10001", "1000000", "0", "-1", "1e3", "²", "10000000000"])
+async def test_a_listing_limit_out_of_range_is_a_400_naming_it_and_the_most(
+    http: httpx.AsyncClient, path: str, limit: str
+) -> None:
+    error = error_of(await http.get(path, params={"limit": limit}), 400)
+    assert error["field"] == "limit"
+    assert "1..10000" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/log", "/v1/models", "/v1/models/risk", "/v1/models/risk/aliases"]
+)
+async def test_a_listing_takes_a_limit_up_to_10000(http: httpx.AsyncClient, path: str) -> None:
+    for limit in ("1", "10000"):
+        response = await http.get(path, params={"limit": limit})
+        assert response.status_code == 200, (limit, response.text)
+
+
+async def test_a_listing_lists_at_most_its_limit_and_says_there_is_more(
+    http: httpx.AsyncClient,
+) -> None:
+    for uid in ("u0001", "u0002", "u0003"):
+        assert (await http.post("/v1/query/online", json=online_body(uid))).status_code == 200
+    assert len((await http.get("/v1/log", params={"limit": "2"})).json()["records"]) == 2
+    one = (await http.get("/v1/models/risk", params={"limit": "1"})).json()
+    every = (await http.get("/v1/models/risk")).json()
+    assert one["versions"] == every["versions"][-1:]  # the newest
+    assert one["more"] is (len(every["versions"]) > 1) and every["more"] is False
+
+
+async def test_a_replay_of_more_than_10000_decisions_is_refused_naming_limit(
+    http: httpx.AsyncClient,
+) -> None:
+    response = await http.post("/v1/replay", json={"since": "1d", "limit": 10_001})
+    error = error_of(response, 422)
+    assert error["field"] == "limit" and "10000" in error["message"]
+
+
+# --- numbers: str.isdigit says yes to "²", which int() refuses -----------------------------
+
+
+@pytest.mark.parametrize("version", ["²", "¹²", "٣", "𝟘", "99999999999999999999", "0", "v1"])
+async def test_a_version_that_is_no_plain_number_is_a_422_not_a_500(
+    http: httpx.AsyncClient, version: str
+) -> None:
+    path = f"/v1/models/risk/versions/{quote(version)}"
+    error = error_of(await http.get(path), 422)
+    assert error["field"] == "version" and "whole number" in error["message"]
+    predict = await http.post(
+        "/v1/models/risk/predict", json={"rows": [[1.0, 2.0, 3.0, 4.0]], "version": version}
+    )
+    assert error_of(predict, 422)["field"] == "version"
+
+
+@pytest.mark.parametrize("version", [10**20, 2**63])
+async def test_a_version_past_what_the_registry_holds_is_a_422_not_a_500(
+    http: httpx.AsyncClient, version: int
+) -> None:
+    moved = await http.put("/v1/models/risk/aliases/canary", json={"version": version})
+    assert error_of(moved, 422)["field"] == "version"
+    predict = await http.post(
+        "/v1/models/risk/predict", json={"rows": [[1.0, 2.0, 3.0, 4.0]], "version": version}
+    )
+    assert error_of(predict, 422)["field"] == "version"

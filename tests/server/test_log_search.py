@@ -102,7 +102,7 @@ async def test_since_and_until_take_durations_back_from_now(http: httpx.AsyncCli
         ("entity=:u1", "entity", "FEATURE:KEY"),
         ("entity=usr.id:u1", "entity", "usr"),
         ("entity=user.id:u1&entity=user.id:u2", "entity", "twice"),
-        ("limit=0", "limit", "1..1000000"),
+        ("limit=0", "limit", "1..10000"),
         ("limit=abc", "limit", "whole number"),
         ("limit=99999999999", "limit", "whole number"),
         ("since=1h&since=2h", "since", "once"),

@@ -223,7 +223,7 @@ async def test_readyz_is_503_naming_the_source_while_its_file_is_missing(
     moved = db.with_name("fraud.db.moved")
     with kr.Client(project) as client:
         transport = httpx.ASGITransport(app=create_app(client))
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             db.rename(moved)
             try:
                 missing = await http.get("/readyz")

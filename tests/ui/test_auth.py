@@ -118,8 +118,8 @@ async def test_without_keys_only_requests_for_this_machine_are_answered(app: obj
         async with httpx.AsyncClient(transport=transport, base_url=f"http://{host}") as http:
             page = await http.get("/ui/features")
             assert page.status_code == status, host
-            if status == 403:
-                assert "only requests for localhost" in page.text and "user.risk" not in page.text
+            if status == 403:  # refused before the dashboard: the server's own rule
+                assert page.json()["error"]["field"] == "Host" and "user.risk" not in page.text
 
 
 async def test_a_key_no_cookie_can_hold_is_refused_not_a_500(client: kr.Client) -> None:
@@ -128,3 +128,50 @@ async def test_a_key_no_cookie_can_hold_is_refused_not_a_500(client: kr.Client) 
     async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         response = await sign_in(http, "ключ-0123456789")
     assert response.status_code == 401 and "not one of this server" in response.text
+
+
+# --- wrong keys are throttled per client, the API's and the sign-in's together -----------
+
+
+def from_address(app: object, address: str) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app, client=(address, 40000))  # type: ignore[arg-type]
+    return httpx.AsyncClient(transport=transport, base_url="http://localhost")
+
+
+async def test_ten_wrong_sign_ins_a_minute_lock_a_client_out(client: kr.Client) -> None:
+    app = create_app(client, ServerConfig(keys=(KEY,)))
+    async with from_address(app, "203.0.113.20") as guesser:
+        for attempt in range(10):
+            assert (await sign_in(guesser, f"guess-{attempt}")).status_code == 401
+        locked = await sign_in(guesser, KEY)  # not even checked while locked out
+        assert locked.status_code == 429 and 0 < int(locked.headers["retry-after"]) <= 60
+        assert "try again in" in locked.text and KEY not in locked.text
+        page = await guesser.get("/ui/features", headers={"authorization": f"Bearer {KEY}"})
+        assert page.status_code == 429 and "user.risk" not in page.text
+    async with from_address(app, "198.51.100.20") as other:  # another client signs in
+        assert (await sign_in(other, KEY)).status_code == 303
+
+
+async def test_wrong_key_cookies_count_and_so_does_the_api(client: kr.Client) -> None:
+    app = create_app(client, ServerConfig(keys=(KEY,)))
+    async with from_address(app, "203.0.113.21") as guesser:
+        for attempt in range(5):  # a guessed cookie is a guess too
+            guesser.cookies.set("kairos_key", f"guess-{attempt}", path="/ui")
+            assert (await guesser.get("/ui/features")).status_code == 303
+        guesser.cookies.clear()
+        for _ in range(5):
+            api = await guesser.get("/v1/log/x", headers={"authorization": "Bearer nope"})
+            assert api.status_code == 401
+        assert (await sign_in(guesser, KEY)).status_code == 429
+        assert (await guesser.get("/v1/log/x")).status_code == 429
+
+
+async def test_signed_in_pages_and_empty_sign_ins_are_never_counted(client: kr.Client) -> None:
+    app = create_app(client, ServerConfig(keys=(KEY,)))
+    async with from_address(app, "203.0.113.22") as http:
+        for _ in range(12):  # no key at all: sent to sign in, no guess
+            assert (await http.get("/ui/features")).status_code == 303
+            assert (await sign_in(http, "")).status_code == 401
+        assert (await sign_in(http, KEY)).status_code == 303
+        for _ in range(30):
+            assert (await http.get("/ui/live")).status_code == 200

@@ -111,7 +111,7 @@ def init(folder: str) -> int:
     print("       pip install 'kairos-inference[llm]')")
     print(f"  kairos serve {root}")
     print(
-        "  curl -s localhost:8000/v1/query/online -d "
+        "  curl -s localhost:8000/v1/query/online -H 'Content-Type: application/json' -d "
         """'{"inputs": {"user.id": "u1"}, "outputs": ["user.summary"]}'"""
     )
     return 0

@@ -81,9 +81,36 @@ def interpolate(text: str, where: str) -> str:
 
 @dataclass(frozen=True)
 class ServerConfig:
+    """Where `kairos serve` listens and the bearer keys its API and dashboard take (none:
+    this machine's requests only). An empty or blank key is refused: it would look like
+    keys are set (the API answering 401 to everyone) while matching no request."""
+
     host: str = "127.0.0.1"
     port: int = 8000
     keys: tuple[str, ...] = field(default=(), repr=False)  # secrets: kept out of repr
+
+    def __post_init__(self) -> None:
+        problem = key_problem(self.keys)
+        if problem is not None:
+            raise ProjectError(f"`server.keys` {problem}")
+
+
+def key_problem(keys: tuple[str, ...]) -> str | None:
+    """What is wrong with a list of bearer keys (never showing one), or None.
+
+    >>> key_problem(("k1",)), key_problem(("k1", " "))[:25]
+    (None, 'entry 2 is empty or blank')
+    """
+    for index, key in enumerate(keys, 1):
+        if not key.strip():
+            return (
+                f"entry {index} is empty or blank; set the variable it names to a key (e.g. "
+                "`export KAIROS_API_KEY=$(openssl rand -hex 32)`) or remove the entry to "
+                "serve without keys, on localhost only"
+            )
+        if key != key.strip():  # a bearer token is read stripped: it could never match
+            return f"entry {index} has spaces around it; remove them"
+    return None
 
 
 @dataclass(frozen=True)
@@ -216,6 +243,10 @@ class Config:
         keys = server.get("keys") or []
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise ProjectError(f"{path}: `server.keys` is a list of strings")
+        keys = [interpolate(k, f"{path} server.keys") for k in keys]
+        problem = key_problem(tuple(keys))
+        if problem is not None:  # e.g. "${KAIROS_API_KEY}" with the variable set but empty
+            raise ProjectError(f"{path}: `server.keys` {problem}")
         return cls(
             base_dir=folder,
             sources=dict(sources),
@@ -229,7 +260,7 @@ class Config:
             server=ServerConfig(
                 host=str(server.get("host", "127.0.0.1")),
                 port=port,
-                keys=tuple(interpolate(k, f"{path} server.keys") for k in keys),
+                keys=tuple(keys),
             ),
             models=_models(raw.get("models") or {}, folder, path),
             llm=_llm(raw.get("llm") or {}, path),

@@ -759,6 +759,7 @@ class RemoteModels:
                 "POST",
                 f"{_path(name)}/aliases/{quote(alias, safe='')}/rollback",
                 lambda answer: AliasChange.from_json(name, answer),
+                b"{}",  # a POST declares JSON: the server refuses one without a body type
                 not_found=UnknownModel,
             )
         )

@@ -23,7 +23,7 @@ from starlette.routing import Mount, Route
 from kairos.client.client import QUERY_ID, Client
 from kairos.client.config import ServerConfig
 from kairos.client.consume import consumers_for, run_consumers
-from kairos.client.decisions import MAX_LIMIT, entity_keys, moment, typed_time
+from kairos.client.decisions import MAX_PAGE, entity_keys, moment, typed_time
 from kairos.errors import (
     BackendUnavailable,
     DefinitionError,
@@ -40,12 +40,14 @@ from kairos.server.bodies import (
     read_json,
     wants_tagged,
 )
+from kairos.server.guard import RequestGuard
 from kairos.server.metrics import Metrics
-from kairos.server.models_routes import model_routes
+from kairos.server.models_routes import BODIES, model_routes
 from kairos.server.openapi import openapi_document
 from kairos.server.replay_routes import replay_routes
 from kairos.telemetry import ServerSpans
 from kairos.ui import UI, Traffic, dashboard_routes
+from kairos.ui.throttle import AuthThrottle, client_address
 
 Handler = Callable[[Request], Awaitable[Response]]
 logger = logging.getLogger(__name__)
@@ -155,13 +157,26 @@ def _search_options(params: QueryParams) -> dict[str, Any]:
         options[name] = params.get(name)
     limit = params.get("limit")
     if limit is not None:
-        if not (limit.isascii() and limit.isdigit() and len(limit) <= 9):
-            raise HTTPProblem(
-                400, "invalid_query", f"limit={limit!r} must be a whole number 1..{MAX_LIMIT}",
-                "limit",
-            )  # fmt: skip
-        options["limit"] = int(limit)
+        options["limit"] = page_limit(limit)
     return options
+
+
+def page_limit(text: str | None, default: int = 100) -> int:
+    """A listing's `limit` query parameter: 1..MAX_PAGE, else a 400 naming it and the most.
+
+    >>> page_limit("50"), page_limit(None)
+    (50, 100)
+    """
+    if text is None:
+        return default
+    if not (text.isascii() and text.isdigit() and len(text) <= 9 and 1 <= int(text) <= MAX_PAGE):
+        raise HTTPProblem(
+            400, "invalid_query",
+            f"limit={text!r} must be a whole number 1..{MAX_PAGE} (the most one reply lists; "
+            "page through more with until= the oldest's now)",
+            "limit",
+        )  # fmt: skip
+    return int(text)
 
 
 def _error_status(error: KairosError) -> HTTPProblem:
@@ -186,6 +201,7 @@ class Server:
             streams=lambda: [(c.name, c.stats) for c in self.consumers],
         )
         self.traffic = Traffic()  # the last minutes, for the dashboard's Live page
+        self.throttle = AuthThrottle()  # failed keys per client, the dashboard's sign-in too
 
     def authorized(self, request: Request) -> bool:
         if not self.keys:
@@ -197,19 +213,52 @@ class Server:
         given = token.strip().encode()
         return any(hmac.compare_digest(given, key) for key in self.keys)
 
+    def authenticate(self, request: Request) -> None:
+        """Let in a request with a valid key (any, without keys); refuse one without (401),
+        counting it when it carried a key, and every one from a client with too many
+        failures lately (429, checked first: see `kairos.ui.throttle`)."""
+        if not self.keys:
+            return
+        client = client_address(request)
+        wait = self.throttle.retry_after(client)
+        if wait:
+            raise HTTPProblem(
+                429, "too_many_failures",
+                f"{self.throttle.most} failed authentications from {client} within "
+                f"{self.throttle.window:.0f} s; try again in {wait} s with a valid key",
+                headers={"Retry-After": str(wait)},
+            )  # fmt: skip
+        if self.authorized(request):
+            return
+        if "authorization" in request.headers:
+            self.throttle.failed(client)
+        raise HTTPProblem(
+            401,
+            "unauthorized",
+            "send `Authorization: Bearer <key>` with a valid key",
+            headers={"WWW-Authenticate": 'Bearer realm="kairos"'},
+        )
+
+    def insider(self, request: Request) -> bool:
+        """Whether a public route may tell this request more: no keys, or a valid one. A
+        wrong key counts as a failure here too (else this would be a way to test keys) and a
+        locked-out client is told nothing more."""
+        if not self.keys:
+            return True
+        try:
+            self.authenticate(request)
+        except HTTPProblem:
+            return False
+        return True
+
     def route(self, endpoint: str, handler: Handler, *, public: bool = False) -> Handler:
         """Wrap a handler: auth, errors as JSON, metrics by endpoint, the access line."""
 
         async def wrapped(request: Request) -> Response:
             started = time.perf_counter()
             try:
-                if not public and not self.authorized(request):
-                    raise HTTPProblem(
-                        401,
-                        "unauthorized",
-                        "send `Authorization: Bearer <key>` with a valid key",
-                        headers={"WWW-Authenticate": 'Bearer realm="kairos"'},
-                    )
+                if not public:
+                    self.authenticate(request)
                 response = await handler(request)
             except HTTPProblem as problem:
                 response = problem_response(problem)
@@ -371,12 +420,14 @@ class Server:
             admin_key=gateway.config.admin_key if gateway is not None else "",
             traffic=self.traffic,
             streams=lambda: [(c.name, c.stats) for c in self.consumers],
+            throttle=self.throttle,
         )
 
     async def healthz(self, request: Request) -> Response:
         return json_response({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
+        insider = self.insider(request)  # sees the details (hosts, paths) of what failed
         problems = {}
         for name, source in self.client.sources.items():
             try:
@@ -384,12 +435,12 @@ class Server:
             except Exception as error:  # report, do not crash the probe
                 # the probe is public: details (hosts, paths) only for an authorized caller
                 detail = f"{type(error).__name__}: {error}"
-                problems[name] = detail if self.authorized(request) else "unavailable"
+                problems[name] = detail if insider else "unavailable"
         # the project's LLM deployments: starting or failed is not ready; an engine this
         # install lacks is reported (its features say what to install) but serves the rest
         deployments, waiting = {}, []
         for name, found in self.client.llm.deployments.status().items():
-            detail = f": {found.error}" if found.error and self.authorized(request) else ""
+            detail = f": {found.error}" if found.error and insider else ""
             deployments[name] = found.state + detail
             if found.state in ("starting", "restarting", "failed"):
                 waiting.append(found.state)
@@ -413,7 +464,8 @@ def create_app(
 ) -> Starlette:
     """The ASGI app serving `client`; with `close_client`, shutting the app down closes the
     client, which flushes the query log before the process exits."""
-    server = Server(client, config or client.config.server)
+    settings = config or client.config.server
+    server = Server(client, settings)
     r = server.route
     routes = [
         Route("/v1/query/online", r("query_online", server.query_online), methods=["POST"]),
@@ -470,7 +522,18 @@ def create_app(
         routes=routes,
         exception_handlers={404: not_found, 405: not_allowed},
         lifespan=lifespan,
-        middleware=[Middleware(ServerSpans)],  # a span per request, with tracing on
+        middleware=[
+            Middleware(ServerSpans),  # a span per request, with tracing on
+            # before any route: bodies of the declared type; without keys, this machine's
+            # own requests only (kairos.server.guard)
+            Middleware(
+                RequestGuard,
+                routes=routes,
+                bodies=BODIES,
+                local=not server.keys,
+                hosts=(settings.host,),
+            ),
+        ],
     )
     app.state.server = server
     return app

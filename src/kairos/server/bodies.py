@@ -84,9 +84,17 @@ def problem_response(problem: HTTPProblem) -> Response:
     return response
 
 
-async def read_json(request: Request) -> dict[str, Any]:
+def too_large(request: Request, limit: int) -> bool:
+    """Whether the request's Content-Length already says its body is over `limit` bytes (a
+    malformed one is left to the server's HTTP parser and the read's own count).
+
+    `str.isdigit` alone is not enough: it accepts "²", which `int` refuses."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
+    return declared.isascii() and declared.isdigit() and int(declared) > limit
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    if too_large(request, MAX_BODY):
         raise HTTPProblem(413, "too_large", f"the body is over {MAX_BODY} bytes")
     raw = await request.body()
     if len(raw) > MAX_BODY:

@@ -1,16 +1,19 @@
 """HTTP routes of the model registry and model serving.
 
     GET  /v1/models                                   names, versions, aliases
-    POST /v1/models/{name}/versions?format=onnx       register an artifact (body: its bytes)
-    GET  /v1/models/{name}                            every version and alias
+    POST /v1/models/{name}/versions?format=onnx       register an artifact (body: its bytes,
+                                                      Content-Type: application/octet-stream)
+    GET  /v1/models/{name}                            its versions and aliases
     GET  /v1/models/{name}/versions/{version}         one version: schema, sha256, metadata
     PUT  /v1/models/{name}/aliases/{alias}            {"version": 3}: move an alias
-    POST /v1/models/{name}/aliases/{alias}/rollback   undo the alias's latest move
+    POST /v1/models/{name}/aliases/{alias}/rollback   {}: undo the alias's latest move
     GET  /v1/models/{name}/aliases                    aliases and their history
     POST /v1/models/{name}/predict                    {"rows": [...]} or an Arrow IPC stream
 
 Unknown models, versions and aliases are 404s naming what exists; rows that do not fit the
-model's schema are 422s naming the expected inputs.
+model's schema are 422s naming the expected inputs. The three listings take `?limit=` (1 to
+10,000, the default): the first models by name, the newest versions, the latest alias moves;
+`"more": true` says some were left out.
 """
 
 from __future__ import annotations
@@ -28,13 +31,21 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from kairos.client.client import Client
+from kairos.client.decisions import MAX_PAGE
 from kairos.errors import InvalidInput
 from kairos.models import formats
 from kairos.models.errors import TamperedArtifact, UnknownModel, UnsupportedModel
-from kairos.server.bodies import MAX_BODY, HTTPProblem, json_response, read_json
+from kairos.server.bodies import MAX_BODY, HTTPProblem, json_response, read_json, too_large
 
 ARROW = "application/vnd.apache.arrow.stream"
+OCTETS = "application/octet-stream"
 MAX_ARTIFACT = 512 * 1024 * 1024
+MAX_VERSION = 2**63 - 1  # what the registry's integer column holds
+# the bodies of the routes that read something other than JSON (kairos.server.guard)
+BODIES = {
+    "/v1/models/{name}/versions": (OCTETS,),
+    "/v1/models/{name}/predict": ("application/json", ARROW),
+}
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -100,10 +111,12 @@ class ModelHandlers:
 
     async def _list(self, request: Request) -> Response:
         models = self.client.models
+        limit = _limit(request)
+        names = await asyncio.to_thread(models.names)
 
         def read() -> list[dict[str, Any]]:
             out = []
-            for name in models.names():
+            for name in names[:limit]:  # each costs a registry read: only those listed
                 versions = models.versions(name)
                 out.append(
                     {
@@ -115,15 +128,22 @@ class ModelHandlers:
                 )
             return out
 
-        return json_response({"models": await asyncio.to_thread(read)})
+        listed = await asyncio.to_thread(read)
+        return json_response({"models": listed, "more": len(names) > limit})
 
     async def _get(self, request: Request) -> Response:
         name = request.path_params["name"]
+        limit = _limit(request)
         models = self.client.models
         versions = await asyncio.to_thread(models.versions, name)
         aliases = await asyncio.to_thread(models.aliases, name)
         return json_response(
-            {"name": name, "aliases": aliases, "versions": [v.to_json() for v in versions]}
+            {
+                "name": name,
+                "aliases": aliases,
+                "versions": [v.to_json() for v in versions[-limit:]],  # the newest
+                "more": len(versions) > limit,
+            }
         )
 
     async def _version(self, request: Request) -> Response:
@@ -135,17 +155,27 @@ class ModelHandlers:
     async def _aliases(self, request: Request) -> Response:
         name = request.path_params["name"]
         models = self.client.models
+        limit = _limit(request)
         aliases = await asyncio.to_thread(models.aliases, name)
         history = await asyncio.to_thread(models.history, name)
         return json_response(
-            {"name": name, "aliases": aliases, "history": [c.to_json() for c in history]}
+            {
+                "name": name,
+                "aliases": aliases,
+                "history": [c.to_json() for c in history[-limit:]],  # the latest moves
+                "more": len(history) > limit,
+            }
         )
 
     async def _set_alias(self, request: Request) -> Response:
         name, alias = request.path_params["name"], request.path_params["alias"]
         body = await read_json(request)
         version = body.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        if (
+            not isinstance(version, int)
+            or isinstance(version, bool)
+            or not 1 <= version <= MAX_VERSION
+        ):
             raise HTTPProblem(
                 422, "invalid_body", 'send {"version": N} with a registered version', "version"
             )
@@ -239,18 +269,40 @@ UPLOADABLE = ("onnx", "skops", "xgboost-ubj", "xgboost-json", "lightgbm-text", "
 
 
 def _version_number(value: Any) -> int | None:
+    """A version from a path, a query or a body: a whole number 1..MAX_VERSION.
+
+    `str.isdigit` alone is not enough: "²" is a digit to it and no number to `int`.
+
+    >>> _version_number("2"), _version_number(3), _version_number(None)
+    (2, 3, None)
+    """
     if value is None:
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 19:
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_VERSION:
         return value
-    if isinstance(value, str) and value.isdigit() and int(value) >= 1:
-        return int(value)
-    raise HTTPProblem(422, "invalid_version", f"version {value!r} must be a number >= 1", "version")
+    raise HTTPProblem(
+        422, "invalid_version", f"version {value!r} must be a whole number 1..{MAX_VERSION}",
+        "version",
+    )  # fmt: skip
+
+
+def _limit(request: Request) -> int:
+    """A listing's `limit` (the newest that many are listed): 1..MAX_PAGE, MAX_PAGE when
+    not given; a 400 naming it and the most otherwise."""
+    text = request.query_params.get("limit")
+    if text is None:
+        return MAX_PAGE
+    if not (text.isascii() and text.isdigit() and len(text) <= 9 and 1 <= int(text) <= MAX_PAGE):
+        raise HTTPProblem(
+            400, "invalid_query", f"limit={text!r} must be a whole number 1..{MAX_PAGE}", "limit"
+        )
+    return int(text)
 
 
 async def _body(request: Request, limit: int) -> bytes:
-    size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > limit:
+    if too_large(request, limit):
         raise HTTPProblem(413, "too_large", f"the body is over {limit} bytes")
     chunks = []
     total = 0

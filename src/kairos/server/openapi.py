@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kairos.client.decisions import MAX_LIMIT
+from kairos.client.decisions import MAX_PAGE
 
 _ERROR = {
     "type": "object",
@@ -38,9 +38,12 @@ def _errors(*statuses: int) -> dict[str, Any]:
     text = {
         400: "Malformed JSON, a bad option or query parameter",
         401: "Missing or wrong bearer token",
+        403: "Without server.keys: a Host other than this machine, or another site's page",
         404: "Not found",
         413: "Body too large",
+        415: "The body is not of the route's content type (application/json unless stated)",
         422: "Unknown feature, wrong type, or a body that does not fit the schema",
+        429: "Too many failed authentications from this client lately (see Retry-After)",
     }
     return {
         str(s): {
@@ -69,7 +72,7 @@ def _post(summary: str, schema: str, example: dict[str, Any]) -> dict[str, Any]:
                     "description": "OK",
                     "content": {"application/json": {"schema": {"type": "object"}}},
                 },
-                **_errors(400, 401, 413, 422),
+                **_errors(400, 401, 413, 415, 422),
             },
         }
     }
@@ -180,7 +183,7 @@ def openapi_document() -> dict[str, Any]:
                             "description": "How many rows were written",
                             "content": {"application/json": {"schema": {"type": "object"}}},
                         },
-                        **_errors(400, 401, 404, 413, 422),
+                        **_errors(400, 401, 404, 413, 415, 422),
                     },
                 }
             },
@@ -232,7 +235,11 @@ def openapi_document() -> dict[str, Any]:
                                         "since": {"type": "string"},
                                         "until": {"type": "string"},
                                         "entity": {"type": "object"},
-                                        "limit": {"type": "integer", "minimum": 1},
+                                        "limit": {
+                                            "type": "integer",
+                                            "minimum": 1,
+                                            "maximum": MAX_PAGE,
+                                        },
                                         "models": {"type": "object"},
                                         "recompute": {"type": "array", "items": {"type": "string"}},
                                         "rows": {"type": "integer", "minimum": 0},
@@ -248,7 +255,7 @@ def openapi_document() -> dict[str, Any]:
                             "replayed, changed)",
                             "content": {"application/json": {"schema": {"type": "object"}}},
                         },
-                        **_errors(400, 401, 413, 422),
+                        **_errors(400, 401, 413, 415, 422),
                     },
                 }
             },
@@ -321,9 +328,18 @@ def _search_parameters() -> list[dict[str, Any]]:
         {
             "name": "limit",
             "in": "query",
-            "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 100},
+            "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 100},
         },
     ]
+
+
+def _limit(default: int) -> dict[str, Any]:
+    """The `limit` query parameter of a listing."""
+    return {
+        "name": "limit",
+        "in": "query",
+        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": default},
+    }
 
 
 def _path_params(*names: str) -> list[dict[str, Any]]:
@@ -360,14 +376,16 @@ def _model_paths() -> dict[str, Any]:
         "/v1/models": {
             "get": {
                 "summary": "Registered models, their newest version and aliases",
-                "responses": {"200": _json_ok("The models"), **_errors(401)},
+                "description": "The first `limit` models by name; `more` says if there are more.",
+                "parameters": [_limit(MAX_PAGE)],
+                "responses": {"200": _json_ok("The models"), **_errors(400, 401)},
             }
         },
         "/v1/models/{name}": {
             "get": {
-                "summary": "Every version of a model and its aliases",
-                "parameters": _path_params("name"),
-                "responses": {"200": _json_ok("The versions"), **_errors(401, 404)},
+                "summary": "A model's newest `limit` versions and its aliases",
+                "parameters": [*_path_params("name"), _limit(MAX_PAGE)],
+                "responses": {"200": _json_ok("The versions"), **_errors(400, 401, 404)},
             }
         },
         "/v1/models/{name}/versions": {
@@ -392,7 +410,10 @@ def _model_paths() -> dict[str, Any]:
                         }
                     },
                 },
-                "responses": {"201": _json_ok("The new version"), **_errors(401, 413, 422)},
+                "responses": {
+                    "201": _json_ok("The new version"),
+                    **_errors(401, 413, 415, 422),
+                },
             }
         },
         "/v1/models/{name}/versions/{version}": {
@@ -404,9 +425,9 @@ def _model_paths() -> dict[str, Any]:
         },
         "/v1/models/{name}/aliases": {
             "get": {
-                "summary": "A model's aliases and every change to them, with times",
-                "parameters": _path_params("name"),
-                "responses": {"200": _json_ok("Aliases and history"), **_errors(401, 404)},
+                "summary": "A model's aliases and its latest `limit` changes, with times",
+                "parameters": [*_path_params("name"), _limit(MAX_PAGE)],
+                "responses": {"200": _json_ok("Aliases and history"), **_errors(400, 401, 404)},
             }
         },
         "/v1/models/{name}/aliases/{alias}": {
@@ -426,14 +447,21 @@ def _model_paths() -> dict[str, Any]:
                         }
                     },
                 },
-                "responses": {"200": _json_ok("The change"), **_errors(400, 401, 404, 422)},
+                "responses": {
+                    "200": _json_ok("The change"),
+                    **_errors(400, 401, 404, 415, 422),
+                },
             }
         },
         "/v1/models/{name}/aliases/{alias}/rollback": {
             "post": {
                 "summary": "Point an alias back where it was before its latest move",
                 "parameters": _path_params("name", "alias"),
-                "responses": {"200": _json_ok("The change"), **_errors(401, 404, 422)},
+                "requestBody": {  # nothing to say, but a POST declares JSON (a 415 otherwise)
+                    "required": True,
+                    "content": {"application/json": {"schema": {"type": "object"}, "example": {}}},
+                },
+                "responses": {"200": _json_ok("The change"), **_errors(401, 404, 415, 422)},
             }
         },
         "/v1/models/{name}/predict": {
@@ -454,7 +482,7 @@ def _model_paths() -> dict[str, Any]:
                 },
                 "responses": {
                     "200": _json_ok("One prediction per row, and the version that made them"),
-                    **_errors(400, 401, 404, 413, 422),
+                    **_errors(400, 401, 404, 413, 415, 422),
                 },
             }
         },

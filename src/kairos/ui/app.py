@@ -38,6 +38,7 @@ from kairos.client.client import Client
 from kairos.errors import KairosError
 from kairos.gateway import Gateway
 from kairos.http.access import log_access
+from kairos.ui.throttle import AuthThrottle, client_address
 from kairos.ui.traffic import Traffic
 
 Page = Callable[[Request], Awaitable[Response]]
@@ -81,7 +82,8 @@ class UI:
     """The dashboard over a client (the project's pages) and/or a gateway (its own pages).
 
     `keys` are the server's bearer keys; `admin_key` the gateway's admin key; `traffic` what
-    the server saw recently (the Live page); `streams` the consumers' names and stats."""
+    the server saw recently (the Live page); `streams` the consumers' names and stats;
+    `throttle` counts failed sign-ins and keys (the server's API shares it)."""
 
     client: Client | None = None
     keys: Sequence[str] = ()
@@ -89,6 +91,7 @@ class UI:
     admin_key: str = ""
     traffic: Traffic = field(default_factory=Traffic)
     streams: Callable[[], Sequence[tuple[str, Any]]] = lambda: []
+    throttle: AuthThrottle = field(default_factory=AuthThrottle)
     prefix: str = "/ui"
 
     def __post_init__(self) -> None:
@@ -177,15 +180,36 @@ class UI:
             "add server.keys to kairos.yaml to serve it under another name",
         )  # fmt: skip
 
+    def locked_out(self, request: Request) -> Response | None:
+        """A 429 page for a client with too many failed keys lately (`kairos.ui.throttle`),
+        or None."""
+        wait = self.throttle.retry_after(client_address(request))
+        if not wait:
+            return None
+        response = self.render(
+            request, "error.html", status=429, title="Too many tries",
+            message=f"{self.throttle.most} wrong keys from this address within "
+            f"{self.throttle.window:.0f} s; try again in {wait} s",
+        )  # fmt: skip
+        response.headers["Retry-After"] = str(wait)
+        return response
+
     def page(self, handler: Page, *, admin: bool = False) -> Page:
-        """Wrap a page: auth (a redirect to the login form), errors shown as a page with a
-        4xx status (never a stack trace), the security headers, the time it took (a header
-        and the access line)."""
+        """Wrap a page: auth (a redirect to the login form; a wrong key counted against the
+        client, a client with too many a 429), errors shown as a page with a 4xx status
+        (never a stack trace), the security headers, the time it took (a header and the
+        access line)."""
 
         async def wrapped(request: Request) -> Response:
             started = time.perf_counter()
-            allowed = self.admin(request) if admin else self.signed_in(request)
             refused = None if admin else self.foreign(request)  # admin pages need their key
+            if refused is None and (admin or self._keys):  # a key is asked for
+                refused = self.locked_out(request)
+            allowed = refused is None and (
+                self.admin(request) if admin else self.signed_in(request)
+            )
+            if refused is None and not allowed and self._presented(request, admin):
+                self.throttle.failed(client_address(request))
             if refused is not None:
                 response = refused
             elif admin and self.gateway is None:
@@ -229,6 +253,15 @@ class UI:
             return response
 
         return wrapped
+
+    def _presented(self, request: Request, admin: bool) -> bool:
+        """Whether a request carries the key a page checks (its cookie or a bearer header),
+        where there is one to check: refused, it is a failed authentication; a request with
+        none is no guess."""
+        if admin and not (self.admin_key and self.gateway is not None):
+            return False
+        cookie = request.cookies.get(ADMIN_COOKIE if admin else KEY_COOKIE)
+        return bool(cookie or _bearer(request))
 
     def logged(self, handler: Page) -> Page:
         """Wrap a route that answers without signing in (the form, the stylesheet): its
@@ -304,6 +337,9 @@ class UI:
         )  # fmt: skip
 
     async def login(self, request: Request) -> Response:
+        locked = self.locked_out(request)  # before the key is read, let alone checked
+        if locked is not None:
+            return locked
         try:
             fields = await self.form(request)
         except UIError as error:
@@ -320,6 +356,8 @@ class UI:
         else:
             name = ""
         if not name:
+            if key:  # a key that is none of ours; an empty form is no guess
+                self.throttle.failed(client_address(request))
             return self.render(
                 request, "login.html", status=401, title="Sign in", next=target,
                 admin=fields.get("admin") == "1", error="that key is not one of this server's",
@@ -380,7 +418,7 @@ async def _body(request: Request) -> bytes:
     and sign-out read it without a key."""
     too_large = UIError(f"form over {MAX_FORM} bytes", status=413)
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_FORM:
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_FORM:  # not "²"
         raise too_large
     body = bytearray()
     async for chunk in request.stream():

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from kairos.client.client import Client
-from kairos.client.decisions import MAX_LIMIT
+from kairos.client.decisions import MAX_PAGE
 from kairos.errors import InvalidInput
 from kairos.stores.query_log import LoggedQuery, LoggedValue, QueryLog, Search
 from kairos.ui import replays
@@ -123,9 +123,11 @@ def page_of(store: QueryLog, search: Search, before: str) -> list[LoggedQuery]:
     while True:
         found_at = store.search(replace(ties, limit=fetch))
         kept = [r for r in found_at if r.query_id < before]
-        if len(kept) >= want or len(found_at) < fetch or fetch >= MAX_LIMIT:
+        # bounded: past MAX_PAGE decisions at one `now` the rest of them are skipped (a page
+        # is never a read of a million records)
+        if len(kept) >= want or len(found_at) < fetch or fetch >= MAX_PAGE:
             break
-        fetch = min(fetch * 4, MAX_LIMIT)
+        fetch = min(fetch * 4, MAX_PAGE)
     kept.sort(key=lambda r: r.query_id, reverse=True)  # the store's order: now, then id
     page = kept[:want]
     if len(page) < want:

@@ -36,6 +36,8 @@ from kairos.ui.traffic import percentile
 WINDOW = 500  # the newest decisions latency and calls are read from (~60 ms of decoding)
 STATS_TTL = 5.0  # seconds a read of them serves the pages
 HISTORY_SHOWN = 100  # alias moves listed on a model's page, newest first
+MODELS_SHOWN = 1000  # models the Models page lists, by name (each is a registry read)
+VERSIONS_SHOWN = 1000  # versions a model's page lists (and offers an alias), newest first
 
 
 @dataclass(slots=True)
@@ -174,10 +176,11 @@ class ModelPages:
     async def index(self, request: Request) -> Response:
         client = self.ui.client_or_404()
         window = await self.window(client)
-        rows = await asyncio.to_thread(_model_rows, client, window)
+        rows, total = await asyncio.to_thread(_model_rows, client, window)
         return self.ui.render(
-            request, "models.html", title="Models", rows=rows, window=window, limit=WINDOW
-        )
+            request, "models.html", title="Models", rows=rows, total=total, window=window,
+            limit=WINDOW,
+        )  # fmt: skip
 
     async def model(self, request: Request) -> Response:
         client = self.ui.client_or_404()
@@ -191,11 +194,11 @@ class ModelPages:
                 v, window.of(v.label), size_text(v.size),
                 tuple((str(k), metadata_text(m)) for k, m in sorted(v.metadata.items())),
             )
-            for v in reversed(versions)
+            for v in list(reversed(versions))[:VERSIONS_SHOWN]
         ]  # fmt: skip
         return self.ui.render(
             request, "model.html", title=f"Model {name}", name=name,
-            versions=views, aliases=dict(sorted(aliases.items())),
+            versions=views, version_count=len(versions), aliases=dict(sorted(aliases.items())),
             history=list(reversed(history))[:HISTORY_SHOWN], changes=len(history),
             window=window, limit=WINDOW, uses=_uses(client, name),
             latency=_latency_chart(versions, window),
@@ -260,10 +263,12 @@ def _registry_call(method: Any, *args: Any, **kwargs: Any) -> Any:
         raise UIError(str(error), field_name, 404 if field_name == "model" else 400) from None
 
 
-def _model_rows(client: Client, window: Window) -> list[ModelRow]:
+def _model_rows(client: Client, window: Window) -> tuple[list[ModelRow], int]:
+    """The Models page's rows, the first MODELS_SHOWN models by name, and how many there are."""
     models = client.models
     rows = []
-    for name in models.names():
+    names = models.names()
+    for name in names[:MODELS_SHOWN]:
         versions = models.versions(name)
         history = models.history(name)
         stats = [window.of(v.label) for v in versions]
@@ -277,7 +282,7 @@ def _model_rows(client: Client, window: Window) -> list[ModelRow]:
                 history[-1] if history else None,
             )
         )  # fmt: skip
-    return rows
+    return rows, len(names)
 
 
 def _read_model(client: Client, name: str) -> tuple[list[ModelVersion], list[AliasChange]]:
