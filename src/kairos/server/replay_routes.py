@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from kairos.client.client import Client
+from kairos.client.decisions import MAX_PAGE
 from kairos.server.bodies import HTTPProblem, json_response, read_json
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -53,7 +54,7 @@ def replay_routes(client: Client, r: Callable[[str, Handler], Handler]) -> list[
             since=body.get("since"),
             until=body.get("until"),
             entity=_mapping(body.get("entity"), "entity"),
-            limit=_int(body.get("limit", DEFAULT_LIMIT), "limit", 1, 1_000_000),
+            limit=_int(body.get("limit", DEFAULT_LIMIT), "limit", 1, MAX_PAGE),
             models=_mapping(body.get("models"), "models"),
             recompute=_strings(body.get("recompute", []), "recompute"),
         )
