@@ -121,7 +121,7 @@ class Request:
     async def body(self) -> bytes:
         self.consumed = True
         declared = self.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_BODY:
+        if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY:
             raise TooLarge(close=not await self._drain(0))
         parts: list[bytes] = []
         size = 0
@@ -156,7 +156,7 @@ class Request:
         nothing yet)."""
         declared = self.headers.get("content-length", "")
         if self.headers.get("expect", "").lower() == "100-continue" or (
-            declared.isdigit() and int(declared) > DRAIN_BYTES
+            declared.isascii() and declared.isdigit() and int(declared) > DRAIN_BYTES
         ):
             return False
         with contextlib.suppress(TimeoutError, BodyTimeout):
