@@ -19,11 +19,13 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 import kairos as kr
+import kairos.client.replay as replay_module
 from examples.fraud import demo
 from examples.fraud.generate import ANCHOR, generate
 from kairos.cli.main import main
 from kairos.cli.replay import model_pins
 from kairos.errors import InvalidInput, KairosError
+from kairos.stores.query_log import Search
 
 EXAMPLE = Path(demo.__file__).parent
 USERS = [f"u{i:04d}" for i in range(1, 31)]
@@ -166,6 +168,44 @@ def test_a_new_predict_definition_replays_with_its_inputs(client: kr.Client) -> 
         assert row.replayed == pytest.approx(float(want), abs=1e-12)
 
 
+def comparable(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in summary.items() if k not in ("seconds", "decisions_per_s")}
+
+
+def test_a_replay_in_chunks_is_the_replay_at_once_and_keep_holds_only_the_first_rows(
+    client: kr.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decide(client)
+    decide(client, hours=2)
+    since = ANCHOR - timedelta(days=1)
+    whole = client.replay(since=since, models={"risk": 2})
+    reads: list[int] = []
+    search = client.log.store.search
+
+    def counted(wanted: Search) -> list[Any]:
+        found = search(wanted)
+        reads.append(len(found))
+        return found
+
+    monkeypatch.setattr(client.log.store, "search", counted)
+    monkeypatch.setattr(replay_module, "CHUNK", 7)  # 60 decisions: 9 chunks
+    chunked = client.replay(since=since, models={"risk": 2})
+    assert reads == [7] * 8 + [4]
+    assert chunked.rows == whole.rows and chunked.records == whole.records
+    assert comparable(chunked.summary()) == comparable(whole.summary())
+    assert chunked.summary()["decisions"] == 2 * len(USERS)
+
+    kept = client.replay(since=since, models={"risk": 2}, keep=5)
+    assert kept.records == [] and len(kept.rows) == 5
+    assert kept.to_dict(5)["rows"] == whole.to_dict(5)["rows"]  # changed rows first
+    assert comparable(kept.summary()) == comparable(whole.summary())
+
+    newest = client.replay(since=since, models={"risk": 2}, limit=10, keep=0)
+    assert newest.decisions == 10 and newest.more and newest.rows == []
+    everything = client.replay(since=since, models={"risk": 2}, limit=None, keep=0)
+    assert everything.decisions == 2 * len(USERS) and not everything.more
+
+
 def test_bad_replay_arguments_name_the_field(client: kr.Client) -> None:
     decide(client)
     with pytest.raises(InvalidInput) as unknown_model:
@@ -180,6 +220,9 @@ def test_bad_replay_arguments_name_the_field(client: kr.Client) -> None:
     with pytest.raises(InvalidInput) as bad_feature:
         client.replay(since="1d", features={"user.risk": 3})
     assert bad_feature.value.field == "features"
+    with pytest.raises(InvalidInput) as bad_limit:
+        client.replay(since="1d", limit=0)
+    assert bad_limit.value.field == "limit"
 
 
 def test_kairos_replay_prints_and_writes_the_report(

@@ -4,6 +4,7 @@ file written before search existed keeps its rows and is searchable by time."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sqlite3
 import uuid
@@ -131,6 +132,8 @@ def matches(record: LoggedQuery, search: Search) -> bool:
         return False
     if search.until is not None and record.now >= search.until:
         return False
+    if search.before is not None and (record.now, record.query_id) >= search.before:
+        return False
     if search.feature is not None or search.model is not None:
         plan = record.plan
         if plan is None:
@@ -189,6 +192,26 @@ def test_every_search_finds_what_the_obvious_filter_finds_newest_first(open_log:
     # the searches above are not vacuous: most find something, and some are cut by `limit`
     assert sum(bool(expected(records, s)) for s in SEARCHES) >= len(SEARCHES) - 1
     assert len(expected(records, Search(entity=(("user.id", "u1"),)))) > 3
+
+
+def test_pages_read_with_before_are_the_whole_answer_in_order(open_log: Open) -> None:
+    records = many_decisions()  # ties on `now`: the pages must neither skip nor repeat one
+    log = open_log()
+    for record in records:
+        log.append(record)
+
+    for search in SEARCHES[:14]:  # every kind of filter, unlimited
+        whole = expected(records, dataclasses.replace(search, limit=1000))
+        paged: list[str] = []
+        page = dataclasses.replace(search, limit=7)
+        while True:
+            got = log.search(page)
+            assert [r.query_id for r in got] == expected(records, page), page
+            paged += [r.query_id for r in got]
+            if len(got) < page.limit:
+                break
+            page = dataclasses.replace(page, before=(got[-1].now, got[-1].query_id))
+        assert paged == whole, search
 
 
 def test_a_search_returns_whole_records(open_log: Open) -> None:

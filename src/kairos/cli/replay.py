@@ -70,6 +70,7 @@ def replay_command(
             limit=limit,
             models=model_pins(model),
             recompute=list(recompute),
+            keep=0,  # the report is the summary: hold its sums, not every row
         )
     report = result.to_markdown()
     if output:

@@ -39,7 +39,7 @@ from kairos.client.offline import Datasets, OfflineResult, Progress, Recompute, 
 from kairos.client.project import Project
 from kairos.client.ray_engine import Rebuild, recompute_engine
 from kairos.client.remote import RemoteClient
-from kairos.client.replay import ReplayResult, decision_ids, replay, replay_runtime
+from kairos.client.replay import Decisions, ReplayResult, replay, replay_runtime
 from kairos.client.runtime import FeatureNames, OfflineHistory, Runtime, plan_with
 from kairos.client.vectors import VectorFeatures
 from kairos.definitions.durations import DurationLike, parse_duration
@@ -470,16 +470,18 @@ class Client:
         since: datetime | DurationLike | None = None,
         until: datetime | DurationLike | None = None,
         entity: Mapping[Any, Any] | None = None,
-        limit: int = 100_000,
+        limit: int | None = 100_000,
         models: Mapping[str, int | str] | None = None,
         features: Mapping[Any, Any] | None = None,
         resolvers: Mapping[Any, Any] | None = None,
         recompute: Sequence[Any] = (),
+        keep: int | None = None,
     ) -> ReplayResult:
-        """Re-run logged decisions (by id, or found by time and entity) as of their logged
-        `now` with what changed: `models={"risk": 2}` (a version or alias), `features=
-        {User.verdict: kr.completion(...)}`, `resolvers={old: new}`; every value not
-        downstream of a change is the logged one.
+        """Re-run logged decisions (by id, or the newest `limit` found by time and entity)
+        as of their logged `now` with what changed: `models={"risk": 2}` (a version or
+        alias), `features={User.verdict: kr.completion(...)}`, `resolvers={old: new}`; every
+        value not downstream of a change is the logged one. `keep=N`: hold only the summary
+        and the first N rows (changed first), not every row and record.
 
         >>> client.replay(since="1d", models={"risk": 2}).summary()  # doctest: +SKIP
         """
@@ -494,6 +496,7 @@ class Client:
                 features=features,
                 resolvers=resolvers,
                 recompute=recompute,
+                keep=keep,
             )
         )
 
@@ -504,25 +507,21 @@ class Client:
         since: datetime | DurationLike | None = None,
         until: datetime | DurationLike | None = None,
         entity: Mapping[Any, Any] | None = None,
-        limit: int = 100_000,
+        limit: int | None = 100_000,
         models: Mapping[str, int | str] | None = None,
         features: Mapping[Any, Any] | None = None,
         resolvers: Mapping[Any, Any] | None = None,
         recompute: Sequence[Any] = (),
+        keep: int | None = None,
     ) -> ReplayResult:
-        if query_ids is not None:
-            wanted = decision_ids(query_ids)
-            found = await asyncio.to_thread(self.log.store.get_many, wanted)
-            missing = [q for q in wanted if q not in found]
-            if missing:
-                raise InvalidInput(
-                    f"query_ids: no logged decision {missing[0]!r} ({len(missing)} missing)",
-                    field="query_ids",
-                )
-            records = [found[q] for q in wanted]
-        else:
-            search = self.log.parse(entity=entity, since=since, until=until, limit=limit)
-            records = await asyncio.to_thread(self.log.store.search, search)
+        """`replay`, awaited; read and run `CHUNK` decisions at a time (`limit=None`: every
+        one the search finds). With `keep=N` the result holds only the first N rows (changed
+        first) and the summary: the memory of one chunk, whatever the replay's size."""
+        decisions = (
+            Decisions.by_id(self.log.store, query_ids)
+            if query_ids is not None
+            else Decisions.found(self.log, entity=entity, since=since, until=until, limit=limit)
+        )
         runtime, changed = replay_runtime(
             self._runtime,
             self.models,
@@ -533,7 +532,7 @@ class Client:
             completer=lambda: self.llm,
         )
         definitions = definitions_fingerprint(runtime.graph, runtime.resolvers)
-        return await replay(runtime, records, changed, definitions)
+        return await replay(runtime, decisions, changed, definitions, keep=keep)
 
     def evaluate(
         self,

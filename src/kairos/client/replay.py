@@ -7,6 +7,11 @@ anything the decision already saw, so rows updated or deleted since cannot chang
 Decisions with the same logged plan run together, as one bulk run of the engine with each
 row at its own `now` (the online store is neither read nor written).
 
+A replay reads, decodes and re-runs `CHUNK` (1,000) decisions at a time: the reads in a thread,
+the run on the event loop, which serves other queries between chunks and between plans. With
+`keep=N` it keeps only the summary's sums and the first N rows (changed ones first), so a
+replay of 100,000 decisions (what `POST /v1/replay` takes) needs the memory of one chunk.
+
     >>> result = client.replay(since="1d", models={"risk": 2})  # doctest: +SKIP
     >>> result.to_pandas()  # query_id, feature, logged, replayed, changed  # doctest: +SKIP
     >>> result.summary()["features"]["user.risk"]["mean_abs_delta"]  # doctest: +SKIP
@@ -17,24 +22,26 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kairos import telemetry
+from kairos.client.decisions import DecisionLog
+from kairos.client.replay_summary import ReplayRow, ReplayTally
 from kairos.client.runtime import Runtime, plan_with
 from kairos.definitions.completion import CompletionOptions
+from kairos.definitions.durations import DurationLike
 from kairos.definitions.frame import DataFrame
 from kairos.definitions.predict import ModelOptions
 from kairos.engine.result import ColumnData
-from kairos.engine.tracing import traced_batch
 from kairos.errors import InvalidInput
 from kairos.planner.plan import Plan
 from kairos.resolvers.calls import CALLS, Calls
 from kairos.resolvers.llm import Completer, CompletionResolver, completion_resolver
 from kairos.resolvers.model import ModelResolver
-from kairos.stores.query_log import LoggedQuery, collector_paused
+from kairos.stores.query_log import LoggedQuery, QueryLog, collector_paused
 
 if TYPE_CHECKING:
     import pandas
@@ -49,21 +56,9 @@ class ModelPins(Protocol):
     def resolver_for(self, output: Any, options: ModelOptions) -> ModelResolver: ...
 
 
-# decisions run by the engine at once (one bulk run per chunk of a plan's decisions)
-CHUNK = 5_000
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayRow:
-    """One feature of one decision: what was logged and what the replay computed."""
-
-    query_id: str
-    now: datetime
-    feature: str
-    logged: Any
-    replayed: Any
-    changed: bool
-    error: str | None = None  # why the replay has no value (the feature's error message)
+# decisions read, decoded and replayed at a time: what a replay holds at once (keep=N)
+CHUNK = 1_000
+SLICE = 0.05  # seconds one engine run of a replay aims at (`Pace`)
 
 
 @dataclass
@@ -71,7 +66,10 @@ class ReplayResult:
     """What a replay computed, feature by feature, and how it differs from what was served.
 
     `records` are the logged decisions replayed (oldest last, as searched); `llm_calls` the
-    replay's LLM calls by query id (tokens, TTFT, cost of the new prompt)."""
+    replay's LLM calls by query id (tokens, TTFT, cost of the new prompt). A replay run with
+    `keep=N` holds only the first N `rows` (changed ones first) and no records or calls; its
+    `summary()` still covers every decision. `more`: the range held more decisions than
+    the replay's `limit` took."""
 
     rows: list[ReplayRow]
     records: list[LoggedQuery]
@@ -84,10 +82,12 @@ class ReplayResult:
     # features a change needed that decisions had not computed (their outputs came from the
     # cache): computed from the sources as of the logged `now`, by how many decisions
     from_sources: dict[str, int] = field(default_factory=dict)
+    tally: ReplayTally | None = field(default=None, repr=False)  # None: summed from rows
+    more: bool = False
 
     @property
     def decisions(self) -> int:
-        return len(self.records)
+        return len(self.records) if self.tally is None else self.tally.decisions
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -110,38 +110,26 @@ class ReplayResult:
     def summary(self) -> dict[str, Any]:
         """Decisions, changed count and share; per feature the numeric deltas; for LLM
         features prompt tokens, TTFT and cost before and after."""
-        by_feature: dict[str, list[ReplayRow]] = {}
-        for row in self.rows:
-            by_feature.setdefault(row.feature, []).append(row)
-        changed_decisions = len({r.query_id for r in self.rows if r.changed})
+        tally = self.tally
+        if tally is None:
+            tally = ReplayTally()
+            tally.add(self.records, self.rows, self.llm_calls)
+        decisions = tally.decisions
         return {
-            "decisions": self.decisions,
-            "changed_decisions": changed_decisions,
-            "changed_share": changed_decisions / self.decisions if self.decisions else 0.0,
+            "decisions": decisions,
+            "changed_decisions": tally.changed_decisions,
+            "changed_share": tally.changed_decisions / decisions if decisions else 0.0,
             "changed": list(self.changed),
             "recomputed": list(self.recomputed),
-            "features": {name: _feature_summary(rows) for name, rows in by_feature.items()},
-            "llm": self._llm_summary(),
+            "features": {name: f.summary() for name, f in tally.features.items()},
+            "llm": tally.llm_summary(),
             "from_sources": dict(self.from_sources),
             "plans": dict(self.plans),
             "definitions": dict(self.definitions),
             "seconds": round(self.seconds, 3),
-            "decisions_per_s": round(self.decisions / self.seconds, 1) if self.seconds else None,
+            "decisions_per_s": round(decisions / self.seconds, 1) if self.seconds else None,
+            "more": self.more,
         }
-
-    def _llm_summary(self) -> dict[str, Any]:
-        """Per LLM feature: calls, mean prompt tokens, mean TTFT, total cost, before/after."""
-        replayed = {
-            name for calls in self.llm_calls.values() for c in calls if (name := c.get("feature"))
-        }
-        out = {}
-        for name in sorted(n for n in replayed if isinstance(n, str)):
-            before = [c for r in self.records for c in r.llm_calls if c.get("feature") == name]
-            after = [
-                c for calls in self.llm_calls.values() for c in calls if c.get("feature") == name
-            ]
-            out[name] = {"logged": _llm_stats(before), "replayed": _llm_stats(after)}
-        return out
 
     def to_dict(self, rows: int | None = 1000) -> dict[str, Any]:
         """The summary and the first `rows` rows, changed ones first (what HTTP answers)."""
@@ -262,6 +250,10 @@ def replay_runtime(
     return replace(runtime, declared=tuple(declared), planner=planner), changed
 
 
+def _name(resolver: Any) -> str | None:
+    return getattr(resolver, "name", None)
+
+
 def decision_ids(query_ids: Any) -> list[str]:
     """The query ids a replay names, each once, in order; not a list of ids: InvalidInput."""
     if (
@@ -273,47 +265,210 @@ def decision_ids(query_ids: Any) -> list[str]:
     return list(dict.fromkeys(query_ids))
 
 
-def _name(resolver: Any) -> str | None:
-    return getattr(resolver, "name", None)
+class Decisions:
+    """The decisions a replay takes, `CHUNK` at a time, read and decoded in a thread: by id
+    (each must be logged), or the newest `limit` a search finds (None: every one), page by
+    page (`Search.before`). After the last chunk, `more` says whether the search had more.
+
+        >>> async for chunk in Decisions.found(client.log, since="1d"): ...  # doctest: +SKIP
+    """
+
+    def __init__(self, chunks: Callable[[Decisions], AsyncIterator[list[LoggedQuery]]]) -> None:
+        self._chunks = chunks
+        self.more = False
+
+    def __aiter__(self) -> AsyncIterator[list[LoggedQuery]]:
+        return self._chunks(self)
+
+    @classmethod
+    def of(cls, records: Sequence[LoggedQuery]) -> Decisions:
+        """Decisions already read."""
+
+        async def chunks(_: Decisions) -> AsyncIterator[list[LoggedQuery]]:
+            for start in range(0, len(records), CHUNK):
+                yield list(records[start : start + CHUNK])
+
+        return cls(chunks)
+
+    @classmethod
+    def by_id(cls, log: QueryLog, query_ids: Any) -> Decisions:
+        wanted = decision_ids(query_ids)
+
+        async def chunks(_: Decisions) -> AsyncIterator[list[LoggedQuery]]:
+            for start in range(0, len(wanted), CHUNK):
+                ids = wanted[start : start + CHUNK]
+                found = await asyncio.to_thread(log.get_many, ids)
+                missing = [q for q in ids if q not in found]
+                if missing:
+                    raise InvalidInput(
+                        f"query_ids: no logged decision {missing[0]!r} ({len(missing)} missing)",
+                        field="query_ids",
+                    )
+                yield [found[q] for q in ids]
+
+        return cls(chunks)
+
+    @classmethod
+    def found(
+        cls,
+        log: DecisionLog,
+        *,
+        entity: Mapping[Any, Any] | None = None,
+        since: datetime | DurationLike | None = None,
+        until: datetime | DurationLike | None = None,
+        limit: int | None = None,
+    ) -> Decisions:
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
+        ):
+            raise InvalidInput(f"limit must be a whole number >= 1, got {limit!r}", field="limit")
+        search = log.parse(entity=entity, since=since, until=until, limit=CHUNK)
+        store = log.store
+
+        async def chunks(self: Decisions) -> AsyncIterator[list[LoggedQuery]]:
+            left = math.inf if limit is None else limit
+            page = replace(search, limit=int(min(CHUNK, left)))
+            while left > 0:
+                found = await asyncio.to_thread(store.search, page)
+                if found:
+                    yield found
+                left -= len(found)
+                if len(found) < page.limit:
+                    return
+                page = replace(
+                    page,
+                    limit=int(min(CHUNK, left)) or 1,  # at the limit: one more, to say `more`
+                    before=(found[-1].now, found[-1].query_id),
+                )
+            self.more = bool(await asyncio.to_thread(store.search, page))
+
+        return cls(chunks)
 
 
 async def replay(
     runtime: Runtime,
-    records: Sequence[LoggedQuery],
+    records: Sequence[LoggedQuery] | Decisions,
     changed: set[str],
     definitions: str,
+    *,
+    keep: int | None = None,
 ) -> ReplayResult:
     """Re-run `records` on `runtime` (the client's, with the changed definitions), taking the
-    logged value of every column not downstream of a feature in `changed`."""
-    with collector_paused(len(records) >= 1000):
-        work = _replay(runtime, records, changed, definitions)
-        if telemetry.TRACER is None:
-            return await work
-        return await traced_batch("kairos.replay", {"kairos.replay.records": len(records)}, work)
+    logged value of every column not downstream of a feature in `changed`; a chunk at a time
+    (`Decisions`). With `keep`, hold only the first `keep` rows (changed first) and the sums
+    of the summary."""
+    decisions = records if isinstance(records, Decisions) else Decisions.of(records)
+    work = _replay(runtime, decisions, changed, definitions, keep)
+    if telemetry.TRACER is None:
+        return await work
+    return await telemetry.traced(  # the decisions replayed are counted as they are read
+        "kairos.replay",
+        {},
+        work,
+        lambda span, r: span.set_attribute("kairos.replay.records", r.decisions),
+    )
 
 
 async def _replay(
     runtime: Runtime,
-    records: Sequence[LoggedQuery],
+    decisions: Decisions,
     changed: set[str],
     definitions: str,
+    keep: int | None,
 ) -> ReplayResult:
     started = time.perf_counter()
+    tally = ReplayTally()
+    rows: list[ReplayRow] = []
+    unchanged: list[ReplayRow] = []  # keep=N: the first N unchanged rows, after the changed
+    records: list[LoggedQuery] = []
+    llm: dict[str, list[dict[str, Any]]] = {}
+    pace = Pace()
+    chunks = aiter(decisions)
+    while True:
+        # The cyclic collector waits while a chunk is read and replayed, and runs between
+        # chunks, when the chunk's objects (no cycles) are freed: a collection while they
+        # lived would move them to the oldest generation, and every few chunks a full
+        # collection of the server's heap held the GIL ~200 ms (every query waiting).
+        with collector_paused():
+            chunk = await anext(chunks, None)
+            if chunk is None:
+                break
+            part, calls = await _replay_chunk(runtime, chunk, changed, tally, pace)
+            tally.add(chunk, part, calls)
+            if keep is None:
+                rows += part
+                records += chunk
+                llm.update(calls)
+            else:
+                _keep(part, keep, rows, unchanged)
+            del chunk, part, calls
+        await asyncio.sleep(0)  # a server's queries run between chunks
+    if keep is not None:
+        rows += unchanged[: keep - len(rows)]
+    return ReplayResult(
+        rows,
+        records,
+        tuple(sorted(changed)),
+        tuple(sorted(tally.recomputed)),
+        llm,
+        tally.plans,
+        {"logged": ", ".join(sorted(tally.logged_definitions)), "replayed": definitions},
+        time.perf_counter() - started,
+        tally.from_sources,
+        tally,
+        decisions.more,
+    )
+
+
+@dataclass
+class Pace:
+    """How many decisions one engine run takes: as many as run in about `SLICE` seconds, so
+    no run holds the event loop for long. The engine's work per decision varies a hundred
+    fold (a logged value is copied; has-many rows computed from the sources again are
+    normalized row by row, ~0.4 ms a decision), so the size follows what the last run took,
+    starting small."""
+
+    rows: int = 64
+
+    def ran(self, rows: int, seconds: float) -> None:
+        per_row = seconds / max(rows, 1)
+        wanted = int(SLICE / per_row) if per_row > 0 else CHUNK
+        self.rows = max(16, min(CHUNK, wanted, self.rows * 4))  # grows 4x a run at most
+
+
+def _keep(
+    part: Iterable[ReplayRow], keep: int, changed: list[ReplayRow], unchanged: list[ReplayRow]
+) -> None:
+    """Keep the first `keep` changed rows and the first `keep` unchanged ones, in order: what
+    `to_dict(keep)` answers (changed rows first) whatever the replay's size."""
+    for row in part:
+        if row.changed:
+            if len(changed) < keep:
+                changed.append(row)
+        elif len(unchanged) < keep:
+            unchanged.append(row)
+
+
+async def _replay_chunk(
+    runtime: Runtime,
+    records: Sequence[LoggedQuery],
+    changed: set[str],
+    tally: ReplayTally,
+    pace: Pace,
+) -> tuple[list[ReplayRow], dict[str, list[dict[str, Any]]]]:
+    """Replay a chunk of decisions, plan by plan; its rows and LLM calls by query id."""
     groups: dict[tuple[Any, ...], list[LoggedQuery]] = {}
     for record in records:
         groups.setdefault(_plan_key(record), []).append(record)
     rows: list[ReplayRow] = []
     llm: dict[str, list[dict[str, Any]]] = {}
-    recomputed: set[str] = set()
-    plans: dict[str, str] = {}
-    from_sources: dict[str, int] = {}
     for (_, inputs, outputs), group in groups.items():
         full = runtime.planner.plan(list(inputs), list(outputs))
         dirty = _downstream(full, changed)
-        recomputed |= dirty
+        tally.recomputed |= dirty
         logged_plan = group[0].plan
         if logged_plan is not None:
-            plans[logged_plan.fingerprint] = full.fingerprint
+            tally.plans[logged_plan.fingerprint] = full.fingerprint
         compared = list(dict.fromkeys([*outputs, *(c for c in full.columns if c in dirty)]))
         targets = [c for c in compared if c in dirty]
         if not targets:  # nothing this plan computes changed: every value is the logged one
@@ -324,21 +479,10 @@ async def _replay(
         kept = [c for c in full.columns if c not in dirty]
         for (missing, given), subgroup in _by_missing(group, reads, kept).items():
             for name in missing:  # not computed by the decision (its output was cached)
-                from_sources[name] = from_sources.get(name, 0) + len(subgroup)
+                tally.from_sources[name] = tally.from_sources.get(name, 0) + len(subgroup)
             plan = runtime.planner.plan(sorted(given), targets)
-            await _compare(runtime, plan, subgroup, compared, rows, llm)
-    logged_definitions = {r.plan.definitions for r in records if r.plan is not None}
-    return ReplayResult(
-        rows,
-        list(records),
-        tuple(sorted(changed)),
-        tuple(sorted(recomputed)),
-        llm,
-        plans,
-        {"logged": ", ".join(sorted(logged_definitions)), "replayed": definitions},
-        time.perf_counter() - started,
-        from_sources,
-    )
+            await _compare(runtime, plan, subgroup, compared, rows, llm, pace)
+    return rows, llm
 
 
 def _by_missing(
@@ -367,11 +511,17 @@ async def _compare(
     compared: Sequence[str],
     rows: list[ReplayRow],
     llm: dict[str, list[dict[str, Any]]],
+    pace: Pace,
 ) -> None:
-    """Run `plan` over `group` (in chunks) and add a row per decision and compared feature."""
-    for start in range(0, len(group), CHUNK):
-        chunk = group[start : start + CHUNK]
+    """Run `plan` over `group` (in slices `pace` sizes) and add a row per decision and
+    compared feature."""
+    start = 0
+    while start < len(group):
+        chunk = group[start : start + pace.rows]
+        start += len(chunk)
+        began = time.perf_counter()
         values, calls = await _run(runtime, plan, chunk)
+        pace.ran(len(chunk), time.perf_counter() - began)
         for index, record in enumerate(chunk):
             for name in compared:
                 logged = _logged(record, name)
@@ -495,51 +645,6 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _feature_summary(rows: Sequence[ReplayRow]) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "rows": len(rows),
-        "changed": sum(r.changed for r in rows),
-        "errors": sum(r.error is not None for r in rows),
-    }
-    pairs = [
-        (float(r.logged), float(r.replayed))
-        for r in rows
-        if _number(r.logged) and _number(r.replayed)
-    ]
-    if pairs:
-        deltas = [abs(b - a) for a, b in pairs]
-        out["mean_logged"] = sum(a for a, _ in pairs) / len(pairs)
-        out["mean_replayed"] = sum(b for _, b in pairs) / len(pairs)
-        out["mean_abs_delta"] = sum(deltas) / len(deltas)
-        out["max_abs_delta"] = max(deltas)
-    return out
-
-
-def _llm_stats(calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    def mean(key: str) -> float | None:
-        found = [c[key] for c in calls if _number(c.get(key))]
-        return sum(found) / len(found) if found else None
-
-    costs = [c["cost_usd"] for c in calls if _number(c.get("cost_usd"))]
-    ttft = sorted(c["ttft_ms"] for c in calls if _number(c.get("ttft_ms")))
-    return {
-        "calls": len(calls),
-        "mean_prompt_tokens": mean("prompt_tokens"),
-        "mean_completion_tokens": mean("completion_tokens"),
-        "mean_ttft_ms": mean("ttft_ms"),
-        "p50_ttft_ms": _quantile(ttft, 0.5),
-        "p99_ttft_ms": _quantile(ttft, 0.99),
-        "cost_usd": sum(costs) if costs else None,
-    }
-
-
-def _quantile(ordered: Sequence[float], q: float) -> float | None:
-    """The nearest-rank quantile of sorted values (None when there are none)."""
-    if not ordered:
-        return None
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
 def _fmt(value: Any) -> str:
     if value is None:
         return "-"
@@ -548,4 +653,4 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["ReplayResult", "ReplayRow", "replay"]
+__all__ = ["CHUNK", "Decisions", "ReplayResult", "ReplayRow", "decision_ids", "replay"]

@@ -5,6 +5,13 @@ features recomputed, answered with the summary and the rows that changed first.
     {"query_ids": ["..."], "recompute": ["user.risk"]}      by id
     -> {"summary": {...}, "rows": [{"query_id", "feature", "logged", "replayed", ...}]}
 
+A replay by time takes every decision of its range, newest first, up to 100,000
+(`summary.more` says the range held more: narrow it with "until"); "limit" (at most 10,000,
+as every listing's) takes only the newest N. The decisions are read and re-run 1,000 at a
+time, queries served between, and the reply keeps only its summary's sums and the `rows` it
+answers (at most 10,000, changed ones first): a replay costs the memory of a chunk, not of
+its range.
+
 New prompts and resolvers are Python definitions: replay them with `client.replay(...)`.
 """
 
@@ -23,10 +30,8 @@ from kairos.server.bodies import HTTPProblem, json_response, read_json
 
 Handler = Callable[[Request], Awaitable[Response]]
 FIELDS = {"query_ids", "since", "until", "entity", "limit", "models", "recompute", "rows"}
-MAX_ROWS = 10_000  # rows a reply carries at most; the summary covers every decision
-# decisions a replay takes unless the body says more: it runs on the server's event loop,
-# between its queries (the engine yields between chunks of decisions)
-DEFAULT_LIMIT = 10_000
+MAX_ROWS = MAX_PAGE  # rows a reply carries at most; the summary covers every decision
+MAX_DECISIONS = 100_000  # decisions a replay by time takes at most (without "limit")
 
 
 def replay_routes(client: Client, r: Callable[[str, Handler], Handler]) -> list[Route]:
@@ -49,14 +54,16 @@ def replay_routes(client: Client, r: Callable[[str, Handler], Handler]) -> list[
                 "since",
             )
         rows = _int(body.get("rows", 1000), "rows", 0, MAX_ROWS)
+        limit = body.get("limit")
         result = await client.replay_async(
             body.get("query_ids"),
             since=body.get("since"),
             until=body.get("until"),
             entity=_mapping(body.get("entity"), "entity"),
-            limit=_int(body.get("limit", DEFAULT_LIMIT), "limit", 1, MAX_PAGE),
+            limit=MAX_DECISIONS if limit is None else _int(limit, "limit", 1, MAX_PAGE),
             models=_mapping(body.get("models"), "models"),
             recompute=_strings(body.get("recompute", []), "recompute"),
+            keep=rows,
         )
         return json_response(result.to_dict(rows))
 

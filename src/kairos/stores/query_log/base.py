@@ -18,7 +18,10 @@ from kairos.stores.query_log.records import LoggedQuery, PlanInfo, _Row
 class Search:
     """Which decisions to find, newest first: those whose inputs had every `entity` key
     (name, key as text), whose `now` is in [since, until), whose plan touched `feature` and
-    called `model` (a version, `risk@v2`, or a model name: any of its versions)."""
+    called `model` (a version, `risk@v2`, or a model name: any of its versions); with
+    `before`, only those after it in that order (older `now`, or the same `now` and a lower
+    query id): the `(now, query_id)` of the last decision of the page before, to read the
+    next page."""
 
     entity: tuple[tuple[str, str], ...] = ()
     since: datetime | None = None
@@ -26,6 +29,7 @@ class Search:
     feature: str | None = None
     model: str | None = None
     limit: int = 100
+    before: tuple[datetime, str] | None = None
 
     def matches_plan(self, plan: PlanInfo) -> bool:
         if self.feature is not None and self.feature not in plan.versions:

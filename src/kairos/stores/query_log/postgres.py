@@ -86,12 +86,17 @@ class _PostgresBackend:
             sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (seq)").format(
                 sql.Identifier(f"{table}_seq_idx"), target
             ),
-            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (now)").format(
-                sql.Identifier(f"{table}_now_idx"), target
+            # (now, query_id): the order searches answer in, so a page read after another
+            # (`before`) starts where it ended, ties on `now` too (a bulk query's decisions
+            # share one); they replace older logs' (now) and (plan, now)
+            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (now, query_id)").format(
+                sql.Identifier(f"{table}_now_id_idx"), target
             ),
-            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (plan, now)").format(
-                sql.Identifier(f"{table}_plan_idx"), target
+            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (plan, now, query_id)").format(
+                sql.Identifier(f"{table}_plan_id_idx"), target
             ),
+            sql.SQL("DROP INDEX IF EXISTS {}").format(named("_now_idx")),
+            sql.SQL("DROP INDEX IF EXISTS {}").format(named("_plan_idx")),
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (name text NOT NULL, value text NOT NULL, "
                 "now timestamptz NOT NULL, query_id text NOT NULL, "
@@ -275,6 +280,9 @@ class _PostgresBackend:
         if search.until is not None:
             where.append(sql.SQL("{} < %s").format(order))
             params.append(search.until)
+        if search.before is not None:  # the page after the one that ended there
+            where.append(sql.SQL("({}, l.query_id) < (%s, %s)").format(order))
+            params += list(search.before)
         if plans is not None:
             where.append(sql.SQL("l.plan = ANY(%s)"))
             params.append(list(plans))

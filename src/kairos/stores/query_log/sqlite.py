@@ -70,12 +70,19 @@ class _SQLiteBackend:
                             f'ALTER TABLE "{self.table}" ADD COLUMN {column} TEXT '
                             + ("" if default == "NULL" else f"NOT NULL DEFAULT {default}")
                         )
-                conn.execute(
-                    f'CREATE INDEX IF NOT EXISTS "{self.table}_now" ON "{self.table}" (now)'
-                )
-                conn.execute(
-                    f'CREATE INDEX IF NOT EXISTS "{self.table}_plan" ON "{self.table}" (plan, now)'
-                )
+                # (now, query_id): the order searches answer in, so a page read after
+                # another (`before`) starts where it ended, ties on `now` too (a bulk
+                # query's decisions share one); they replace older logs' (now) and (plan, now)
+                for index, columns in (
+                    ("now_id", "now, query_id"),
+                    ("plan_id", "plan, now, query_id"),
+                ):
+                    conn.execute(
+                        f'CREATE INDEX IF NOT EXISTS "{self.table}_{index}" ON "{self.table}" '
+                        f"({columns})"
+                    )
+                conn.execute(f'DROP INDEX IF EXISTS "{self.table}_now"')
+                conn.execute(f'DROP INDEX IF EXISTS "{self.table}_plan"')
                 conn.execute(
                     f'CREATE TABLE IF NOT EXISTS "{keys}" (name TEXT NOT NULL, '
                     "value TEXT NOT NULL, now TEXT NOT NULL, query_id TEXT NOT NULL, "
@@ -287,6 +294,10 @@ class _SQLiteBackend:
         if until is not None:
             where.append(f"{order} < ?")
             params.append(until)
+        if search.before is not None:  # the page after the one that ended there
+            at, query_id = search.before
+            where.append(f"({order}, l.query_id) < (?, ?)")  # a range of the index
+            params += [_text(at), query_id]
         if plans is not None:
             where.append(f"l.plan IN ({', '.join('?' * len(plans))})")
             params += plans
