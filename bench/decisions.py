@@ -3,7 +3,8 @@ records, and how fast logged decisions replay with a new model version.
 
     .venv/bin/python bench/decisions.py [--queries 20000] [--http-requests 3000]
         [--records 1000000] [--entities 10000] [--decisions 100000]
-        [--only logging,http,sqlite,postgres,replay] [--postgres postgresql://...]
+        [--only logging,http,durability,sqlite,postgres,replay,replay_http]
+        [--postgres postgresql://...] [--connections 16] [--durability-rounds 4]
 
 Every number is beside a baseline measured in the same run (this machine is shared and noisy,
 so only same-run ratios mean anything):
@@ -13,6 +14,12 @@ so only same-run ratios mean anything):
    clients' rounds are interleaved. The log's writer thread runs beside the query, as in
    production, so its CPU counts. Then over HTTP (`kairos serve`, one process each, one
    keep-alive connection, closed loop), with and without the log, rounds interleaved too.
+1c. Durability: one `kairos serve` (one worker) per mode on SQLite, then on PostgreSQL, each
+   loaded by `--connections` keep-alive connections querying back to back, in interleaved
+   2 s rounds: query_log none:// (the baseline), `durability: batched` (the default) and
+   `durability: acknowledged`; throughput, p50/p99 and their ratios to the baseline. Then
+   each logged server is SIGKILLed under load and its log read back: how many answered
+   decisions are missing, and how long before the kill the oldest of them was answered.
 2. Search at `--records` decisions on SQLite and PostgreSQL: ~100 decisions per entity over
    30 days, 10% of them by model version risk@v2. The log is filled through the backends'
    own `write_batch` (what the log's writer thread calls) from records encoded by the query
@@ -25,14 +32,20 @@ so only same-run ratios mean anything):
 3. Replay: `--decisions` decisions of a `kr.predict` feature logged by `client.query_bulk`,
    replayed with model version 2 by `client.replay`, against the floor of version 2's
    `client.models.predict` on the same input matrix. Runs only where `kr.Client` has `replay`.
+3b. Replay over HTTP: `--decisions` logged in a project folder, then `POST /v1/replay` of all
+   of them (models={"risk": 2}) by `kairos serve` while 4 connections each send a query every
+   20 ms; their latency, counted from when each was due, against the same probe before the
+   replay (same server), and the server's memory before and at its peak.
 
 Goals (issue 15): full record <= +25 us p50 in process, <= +5% p50 over HTTP; search <= 50 ms;
-replay >= 20k decisions/s.
+replay >= 20k decisions/s. Issue 27: a kill -9 loses no decision answered more than 50 ms
+before it (none acknowledged); queries during a 100,000-decision replay answer in < 250 ms.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import gc
 import os
@@ -59,7 +72,14 @@ import psycopg
 import kairos as kr
 from kairos import Features, _, features, online
 from kairos.client.config import Config
-from kairos.stores.query_log import BatchedQueryLog, LoggedQuery, LoggedValue, PlanInfo, Search
+from kairos.stores.query_log import (
+    BatchedQueryLog,
+    LoggedQuery,
+    LoggedValue,
+    PlanInfo,
+    Search,
+    query_log_from_url,
+)
 from kairos.stores.query_log.postgres import _PostgresBackend
 from kairos.stores.query_log.records import _encode_record, _Row
 from kairos.stores.query_log.sqlite import _SQLiteBackend
@@ -282,9 +302,12 @@ def free_port() -> int:
         return port
 
 
-def start_server(folder: Path, name: str, query_log: str) -> Server:
-    folder.mkdir()
-    (folder / "features.py").write_text(features_module())
+def start_server(folder: Path, name: str, query_log: str, features: str | None = None) -> Server:
+    """`kairos serve` on a project in `folder`: the 10 cached features above, or `features`
+    (the text of a features.py already there with its data)."""
+    if features is None:
+        folder.mkdir()
+        (folder / "features.py").write_text(features_module())
     (folder / "kairos.yaml").write_text(f"online_store: memory://\nquery_log: {query_log}\n")
     port = free_port()
     log = folder.parent / f"{name}.log"
@@ -381,6 +404,131 @@ def metric(port: int, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise RuntimeError(f"{name} is not on /metrics")
+
+
+# --- 1c. durability: what logging costs a loaded server, and what a kill -9 loses ----------
+
+DURABILITY_MODES = ("off", "batched", "acknowledged")  # off: query_log none://, the baseline
+GOAL_LOSS_MS = 50.0
+
+
+async def closed_loop(
+    port: int, connections: int, seconds: float, answered: list[tuple[str, float]] | None = None
+) -> list[float]:
+    """`connections` keep-alive connections, each querying back to back for `seconds`;
+    every answer's latency in ms (and with `answered`, its query id and arrival time)."""
+    latencies: list[float] = []
+    raw = (
+        f"POST /v1/query/online HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(HTTP_BODY)}\r\n\r\n"
+    ).encode() + HTTP_BODY
+    end = time.monotonic() + seconds
+
+    async def connection() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while time.monotonic() < end:
+                sent = time.perf_counter()
+                writer.write(raw)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                body = await reader.readexactly(length)
+                arrived = time.monotonic()
+                if head[9:12] != b"200":
+                    raise RuntimeError(f"server answered {head[9:12]!r}: {body[:300]!r}")
+                latencies.append((time.perf_counter() - sent) * 1000)
+                if answered is not None:
+                    answered.append((orjson.loads(body)["query_id"], arrived))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # killed
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(connection() for _i in range(connections)))
+    return latencies
+
+
+def loss_window(server: Server, connections: int, log_url: str) -> tuple[int, int, float]:
+    """Load `server`, SIGKILL it mid-stream; (answered, lost, ms from the oldest lost
+    answer to the kill)."""
+    answered: list[tuple[str, float]] = []
+
+    async def load_then_kill() -> float:
+        loading = asyncio.ensure_future(closed_loop(server.port, connections, 60, answered))
+        await asyncio.sleep(1.5)
+        killed_at = time.monotonic()
+        os.kill(server.process.pid, signal.SIGKILL)
+        await loading
+        return killed_at
+
+    killed_at = asyncio.run(load_then_kill())
+    server.process.wait()
+    reader = query_log_from_url(log_url)
+    try:
+        kept = reader.get_many([query_id for query_id, _ in answered])
+    finally:
+        reader.close()
+    lost = [at for query_id, at in answered if query_id not in kept]
+    return len(answered), len(lost), (killed_at - min(lost)) * 1000 if lost else 0.0
+
+
+def durability(folder: Path, backend: str, url: str, connections: int, rounds: int) -> list[Row]:
+    """Throughput and latency of one `kairos serve` per mode, loaded alike in interleaved
+    rounds; then each logged one SIGKILLed under load and its log read back."""
+    servers: dict[str, Server] = {}
+    samples: dict[str, list[float]] = {mode: [] for mode in DURABILITY_MODES}
+    seconds: dict[str, float] = dict.fromkeys(DURABILITY_MODES, 0.0)
+    urls = {mode: url.format(mode=mode) for mode in DURABILITY_MODES}
+    losses: dict[str, tuple[int, int, float]] = {}
+    try:
+        for mode in DURABILITY_MODES:
+            log = "none://" if mode == "off" else f"{{url: '{urls[mode]}', durability: {mode}}}"
+            servers[mode] = start_server(folder / f"{backend}_{mode}", f"{backend}_{mode}", log)
+            asyncio.run(closed_loop(servers[mode].port, connections, 1.0))  # warm up
+        for round_number in range(rounds):
+            order = DURABILITY_MODES if round_number % 2 == 0 else DURABILITY_MODES[::-1]
+            for mode in order:
+                started = time.perf_counter()
+                samples[mode] += asyncio.run(closed_loop(servers[mode].port, connections, 2.0))
+                seconds[mode] += time.perf_counter() - started
+        for mode in DURABILITY_MODES[1:]:
+            log_url = urls[mode]
+            if log_url.startswith("sqlite:///"):  # relative to the served project
+                log_url = f"sqlite:///{folder / f'{backend}_{mode}' / log_url[10:]}"
+            losses[mode] = loss_window(servers[mode], connections, log_url)
+    finally:
+        for server in servers.values():
+            server.stop()
+    rate = {mode: len(samples[mode]) / seconds[mode] for mode in DURABILITY_MODES}
+    rows = []
+    for mode in DURABILITY_MODES:
+        p50, p99 = statistics.median(samples[mode]), percentile(samples[mode], 99)
+        versus, goal = "baseline", ""
+        if mode != "off":
+            base = rate["off"], statistics.median(samples["off"]), percentile(samples["off"], 99)
+            versus = (
+                f"throughput {rate[mode] / base[0]:.2f}x, p50 {p50 / base[1]:.2f}x, "
+                f"p99 {p99 / base[2]:.2f}x"
+            )
+            answered, lost, window = losses[mode]
+            bound = GOAL_LOSS_MS if mode == "batched" else 0.0
+            goal = (
+                f"kill -9: {lost} of {answered:,} lost, oldest {window:.1f} ms before; "
+                f"<= {bound:.0f} ms: {verdict(window <= bound and (lost == 0 or bound > 0))}"
+            )
+        rows.append(
+            Row(
+                f"{backend} log, durability {mode}: one server, {connections} connections",
+                f"{rate[mode]:,.0f} queries/s, p50 {p50:.2f} ms, p99 {p99:.2f} ms",
+                versus,
+                goal,
+            )
+        )
+    return rows
 
 
 # --- 2. search at 1M records ------------------------------------------------------------
@@ -786,6 +934,169 @@ def replay_throughput(folder: Path, decisions: int) -> list[Row]:
     ]
 
 
+# --- 3b. replay over HTTP while the server answers queries ---------------------------------
+
+GOAL_REPLAY_STALL_MS = 250.0
+
+APPLICANTS_MODULE = """
+from pathlib import Path
+
+import numpy as np
+
+import kairos as kr
+from kairos import Features, _, features, online
+
+INPUTS = np.load(Path(__file__).parent / "inputs.npy")
+
+
+@features
+class Applicant:
+    id: str
+    x0: float
+    x1: float
+    x2: float
+    x3: float
+    x4: float
+    risk: float = kr.predict("risk", inputs=[_.x0, _.x1, _.x2, _.x3, _.x4], alias="prod")
+
+
+@online(batch=True)
+def applicant_inputs(
+    ids: Applicant.id,
+) -> Features[Applicant.x0, Applicant.x1, Applicant.x2, Applicant.x3, Applicant.x4]:
+    return [tuple(INPUTS[int(i[1:])]) for i in ids]
+"""
+
+
+async def probe(port: int, connections: int, every: float, stop: asyncio.Event) -> list[float]:
+    """Each connection sends a query every `every` seconds, whatever the server does; a
+    query's latency counts from when it was due (a stalled server delays it)."""
+    body = orjson.dumps({"inputs": {"applicant.id": "a1"}, "outputs": ["applicant.risk"]})
+    raw = (
+        f"POST /v1/query/online HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    latencies: list[float] = []
+
+    async def connection() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        due = time.perf_counter()
+        while not stop.is_set():
+            writer.write(raw)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            answer = await reader.readexactly(length)
+            if head[9:12] != b"200":
+                raise RuntimeError(f"server answered {head[9:12]!r}: {answer[:300]!r}")
+            now = time.perf_counter()
+            latencies.append((now - due) * 1000)
+            due = max(due + every, now)
+            await asyncio.sleep(due - time.perf_counter())
+        writer.close()
+
+    await asyncio.gather(*(connection() for _i in range(connections)))
+    return latencies
+
+
+def memory_mb(pid: int, field: str) -> float:
+    """VmRSS (now) or VmHWM (the peak) of a process, in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def replay_over_http(folder: Path, decisions: int, limit: int | None) -> list[Row]:
+    """`decisions` logged, then `POST /v1/replay` of all of them by `kairos serve` while 4
+    connections query it every 20 ms; their latency against the same probe before the
+    replay (baseline, same server), and the server's memory."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    project = folder / "applicants"
+    project.mkdir()
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(decisions, 5))
+    np.save(project / "inputs.npy", x)
+    (project / "features.py").write_text(APPLICANTS_MODULE)
+    (project / "kairos.yaml").write_text("query_log: sqlite:///.kairos/log.db\n")
+    y = (x[:, 0] + x[:, 1] * x[:, 2] - x[:, 3] > 0).astype(int)
+    names = ["x0", "x1", "x2", "x3", "x4"]
+    since = datetime.now(UTC)
+    with kr.Client(project) as client:
+        for version in (20, 40):
+            model = HistGradientBoostingClassifier(max_iter=version, random_state=version)
+            aliases = ["prod"] if version == 20 else []
+            client.models.register("risk", model.fit(x[:20_000], y[:20_000]), aliases=aliases,
+                                   inputs=names)  # fmt: skip
+        for start in range(0, decisions, 10_000):
+            ids = [f"a{i}" for i in range(start, min(decisions, start + 10_000))]
+            if client.query_bulk({"applicant.id": ids}, ["applicant.risk"]).errors:
+                raise RuntimeError("logging the decisions failed")
+        client.log.flush(timeout=300)
+    server = start_server(project, "applicants", "sqlite:///.kairos/log.db", APPLICANTS_MODULE)
+    try:
+
+        async def measure() -> tuple[list[float], list[float], dict[str, Any], float]:
+            stop = asyncio.Event()
+            probing = asyncio.ensure_future(probe(server.port, 4, 0.02, stop))
+            await asyncio.sleep(3.0)
+            stop.set()
+            before = await probing
+            stop = asyncio.Event()
+            probing = asyncio.ensure_future(probe(server.port, 4, 0.02, stop))
+            body: dict[str, Any] = {"since": since.isoformat(), "models": {"risk": 2}}
+            if limit is not None:  # a tree whose replay takes only `limit` decisions
+                body["limit"] = limit
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{server.port}/v1/replay",
+                data=orjson.dumps(body),
+                headers={"Content-Type": "application/json"},
+            )
+            started = time.perf_counter()
+            with await asyncio.to_thread(urllib.request.urlopen, request, timeout=600) as reply:
+                answer = orjson.loads(reply.read())
+            took = time.perf_counter() - started
+            stop.set()
+            return before, await probing, answer, took
+
+        rss_before = memory_mb(server.process.pid, "VmRSS")
+        before, during, answer, took = asyncio.run(measure())
+        peak = memory_mb(server.process.pid, "VmHWM")
+    finally:
+        server.stop()
+    replayed = int(answer["summary"]["decisions"])
+    worst = max(during)
+    return [
+        Row(
+            f"queries before the replay: 4 connections, one every 20 ms each ({len(before)})",
+            f"p50 {statistics.median(before):.1f} ms, p99 {percentile(before, 99):.1f} ms, "
+            f"max {max(before):.1f} ms",
+            "baseline",
+        ),
+        Row(
+            f"queries during POST /v1/replay of {replayed:,} decisions ({len(during)})",
+            f"p50 {statistics.median(during):.1f} ms, p99 {percentile(during, 99):.1f} ms, "
+            f"max {worst:.1f} ms",
+            f"p99 {percentile(during, 99) / percentile(before, 99):.1f}x",
+            f"max < {GOAL_REPLAY_STALL_MS:.0f} ms: {verdict(worst < GOAL_REPLAY_STALL_MS)}",
+        ),
+        Row(
+            "POST /v1/replay (models={'risk': 2}) by kairos serve",
+            f"{replayed / took:,.0f} decisions/s ({took:.1f} s)",
+            "",
+            f"all {decisions:,}: {verdict(replayed >= decisions)}",
+        ),
+        Row(
+            "kairos serve memory: before the probes -> peak",
+            f"{rss_before:,.0f} MB -> {peak:,.0f} MB (+{peak - rss_before:,.0f} MB)",
+        ),
+    ]
+
+
 def timed_once(call: Callable[[], object]) -> float:
     started = time.perf_counter()
     call()
@@ -805,7 +1116,27 @@ def print_table(rows: list[Row]) -> None:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
 
 
-SECTIONS = ("logging", "http", "sqlite", "postgres", "replay")
+SECTIONS = ("logging", "http", "durability", "sqlite", "postgres", "replay", "replay_http")
+
+
+def durability_both(folder: Path, args: argparse.Namespace) -> list[Row]:
+    rows = durability(
+        folder, "SQLite", "sqlite:///.kairos/log.db", args.connections, args.durability_rounds
+    )
+    table = f"kairos_bench_durability_{secrets.token_hex(4)}"
+    try:
+        psycopg.connect(args.postgres, connect_timeout=2).close()
+    except psycopg.OperationalError:
+        return [*rows, Row("PostgreSQL durability", f"skipped: no PostgreSQL at {args.postgres}")]
+    try:
+        url = f"{args.postgres}?table={table}_{{mode}}"
+        rounds = args.durability_rounds
+        return rows + durability(folder, "PostgreSQL", url, args.connections, rounds)
+    finally:
+        with psycopg.connect(args.postgres, autocommit=True) as conn:
+            for mode in DURABILITY_MODES:
+                for suffix in ("", "_keys", "_plans"):
+                    conn.execute(f'DROP TABLE IF EXISTS "{table}_{mode}{suffix}"')
 
 
 def main() -> None:
@@ -819,6 +1150,11 @@ def main() -> None:
     parser.add_argument("--entities", type=int, default=10_000, help="distinct users")
     parser.add_argument("--searches", type=int, default=200, help="samples per search")
     parser.add_argument("--decisions", type=int, default=100_000, help="decisions to replay")
+    parser.add_argument(
+        "--replay-limit", type=int, default=None, help="replay_http: send this limit (an old tree)"
+    )
+    parser.add_argument("--connections", type=int, default=16, help="durability: per server")
+    parser.add_argument("--durability-rounds", type=int, default=4, help="2 s each, per mode")
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
     args = parser.parse_args()
@@ -833,9 +1169,11 @@ def main() -> None:
         steps: list[tuple[str, Callable[[], list[Row]]]] = [
             ("logging", lambda: logging_in_process(folder, args.queries, args.rounds)),
             ("http", lambda: logging_over_http(folder, args.http_requests, 6)),
+            ("durability", lambda: durability_both(folder, args)),
             ("sqlite", lambda: search_sqlite(folder, args)),
             ("postgres", lambda: search_postgres(args)),
             ("replay", lambda: replay_throughput(folder, args.decisions)),
+            ("replay_http", lambda: replay_over_http(folder, args.decisions, args.replay_limit)),
         ]
         for section, step in steps:
             if section in wanted:
