@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 import kairos as kr  # noqa: E402
 from kairos.cli.server_logging import configure_logging  # noqa: E402
-from kairos.client.config import LoggingConfig  # noqa: E402
 from kairos.http.access import log_access  # noqa: E402
+from kairos.project.config import LoggingConfig  # noqa: E402
 from kairos.server import create_app  # noqa: E402
 
 

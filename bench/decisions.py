@@ -71,7 +71,7 @@ import psycopg
 
 import kairos as kr
 from kairos import Features, _, features, online
-from kairos.client.config import Config
+from kairos.project.config import Config
 from kairos.stores.query_log import (
     BatchedQueryLog,
     LoggedQuery,

@@ -44,8 +44,8 @@ from threadpoolctl import threadpool_limits
 
 import kairos as kr
 from kairos import _, features
-from kairos.client.config import Config
 from kairos.models import Predictor
+from kairos.project.config import Config
 
 FEATURES = [f"f{i}" for i in range(8)]
 ARRAY_TARGET_MS = 0.1

@@ -34,8 +34,8 @@ import redis.asyncio as aioredis
 
 import kairos as kr
 from kairos import DataFrame, FeatureTime, Windowed, _, features, windowed
-from kairos.client.config import Config
 from kairos.client.consume import Consumer, consumers_for
+from kairos.project.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -22,11 +22,11 @@ import numpy as np
 
 import kairos as kr
 from kairos import telemetry
-from kairos.client.llm import packaged_gemma
 from kairos.errors import BackendUnavailable
 from kairos.llm.embeddings import LocalEmbedder
 from kairos.llm.tokens import gguf_tokenizer
 from kairos.models import ArtifactVolume, ModelStore, model_registry_from_url
+from kairos.project.llm import packaged_gemma
 from kairos.sources.postgres import postgres_source
 from kairos.sources.streams import stream_from_config
 from kairos.stores.vectors import Document, EmbeddedVectorIndex

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import kairos as kr
-from kairos.client.llm import packaged_gemma
 from kairos.gateway import Gateway, GatewayConfig
+from kairos.project.llm import packaged_gemma
 from kairos.serving.deploy import DeploymentSpec
 from kairos.serving.group_provider import DeploymentProvider, gateway_entries
 from kairos.serving.supervisor import DeploymentGroup

@@ -7,7 +7,7 @@ client = kr.Client("examples/fraud")
 r = client.query(input={"user.id": "u1"}, output=["user.risk"])
 """
 
-from kairos.client import Client, Project, RemoteClient
+from kairos.client import Client, RemoteClient
 from kairos.definitions import (
     DataFrame,
     Feature,
@@ -42,6 +42,7 @@ from kairos.errors import (
     ProjectError,
     UnknownFeature,
 )
+from kairos.project.modules import Project
 from kairos.resolvers import offline, online
 
 __version__ = "0.1.0"

@@ -21,7 +21,7 @@ import pytest
 
 import kairos as kr
 from kairos.cli.main import main
-from kairos.client.project_gateway import FEATURES_KEY, features_key
+from kairos.project.gateway import FEATURES_KEY, features_key
 
 # each starts Gemma 3 270M (seconds; more on a loaded machine)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -190,7 +190,7 @@ def test_the_llm_feature_names_the_install_when_llama_cpp_is_missing(
 ) -> None:
     """What a plain `pip install kairos-inference` sees: the LLM feature's error names the
     extra, the other features in the same query are answered."""
-    monkeypatch.setattr("kairos.client.deployments._installed", lambda module: False)
+    monkeypatch.setattr("kairos.project.deployments._installed", lambda module: False)
     with kr.Client(project) as client:
         result = client.query({"user.id": "u1"}, ["user.summary", "user.name"])
         assert result.get_value("user.name") == "Ada"

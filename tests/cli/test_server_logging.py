@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from kairos.cli.server_logging import QUIET, UVICORN, ServerHandler, configure_logging
-from kairos.client.config import Config, LoggingConfig
 from kairos.errors import ProjectError
+from kairos.project.config import Config, LoggingConfig
 
 KAIROS = [sys.executable, "-m", "kairos.cli"]
 

@@ -11,7 +11,7 @@ import ray
 import kairos as kr
 from examples.fraud.generate import generate
 from kairos.client import ray_engine
-from kairos.client.config import ServerConfig
+from kairos.project.config import ServerConfig
 from kairos.server import create_app
 from tests.gateway.fake_upstream import ServerThread
 from tests.server.fraud import DB, copy_project

@@ -21,8 +21,8 @@ from starlette.routing import Route
 
 import kairos as kr
 from kairos import DataFrame, FeatureTime, Windowed, _, feature, features, online, windowed
-from kairos.client.config import Config
 from kairos.gateway import Gateway, GatewayConfig
+from kairos.project.config import Config
 from kairos.stores.query_log import LoggedQuery
 from tests.gateway.fake_upstream import ServerThread
 

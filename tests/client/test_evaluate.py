@@ -22,11 +22,11 @@ from starlette.routing import Route
 
 import kairos as kr
 from kairos import _, features, online
-from kairos.client.config import Config
-from kairos.client.offline import OfflineResult
 from kairos.client.replay import ReplayResult
 from kairos.errors import InvalidInput, KairosError
 from kairos.gateway import Gateway, GatewayConfig
+from kairos.project.config import Config
+from kairos.project.offline import OfflineResult
 from kairos.stores.datasets import DatasetVersion
 from tests.gateway.fake_upstream import ServerThread
 

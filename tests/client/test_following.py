@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import kairos as kr
-from kairos.client.events import FollowingIndex
+from kairos.project.events import FollowingIndex
 from tests.engine.test_windows import WINDOWED, Account, Payment, brute, events, same
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)

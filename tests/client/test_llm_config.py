@@ -20,17 +20,17 @@ import pytest
 
 import kairos as kr
 from kairos.cli.main import main
-from kairos.client.config import Config, ServerConfig
-from kairos.client.deployments import DeploymentUnavailable
-from kairos.client.project_gateway import (
+from kairos.errors import KairosError, ProjectError
+from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway.errors import GatewayConfigError
+from kairos.project.config import Config, ServerConfig
+from kairos.project.deployments import DeploymentUnavailable
+from kairos.project.gateway import (
     FEATURES_KEY,
     current_features_key,
     features_key,
     local_pepper,
 )
-from kairos.errors import KairosError, ProjectError
-from kairos.gateway import Gateway, GatewayConfig
-from kairos.gateway.errors import GatewayConfigError
 from kairos.server import create_app
 from tests.serving.tiny_gguf import write_tiny_gguf
 
@@ -243,7 +243,7 @@ def test_a_deployment_that_cannot_start_names_the_setting(tmp_path: Path) -> Non
 def test_an_engine_not_installed_leaves_the_server_ready(
     tiny_project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("kairos.client.deployments._installed", lambda module: False)
+    monkeypatch.setattr("kairos.project.deployments._installed", lambda module: False)
 
     async def run() -> httpx.Response:
         with kr.Client(tiny_project) as client:
@@ -381,7 +381,7 @@ def test_a_missing_tokenizer_file_names_its_setting_and_the_server_still_starts(
                     return (await http.get("/readyz")).status_code
 
     assert asyncio.run(start()) == 200
-    (warning,) = [r for r in caplog.records if r.name == "kairos.client.llm"]
+    (warning,) = [r for r in caplog.records if r.name == "kairos.project.llm"]
     assert warning.levelname == "WARNING"
     assert "llm.tokenizers.local/tiny: no GGUF file" in warning.getMessage()
     assert str(project / "nothere.gguf") in warning.getMessage()

@@ -27,12 +27,12 @@ from examples.fraud.features import User
 from examples.fraud.generate import ANCHOR
 from examples.fraud.train import INPUTS
 from kairos.cli.main import main
-from kairos.client.offline import OfflineResult
 from kairos.client.remote import RemoteClient, RemoteError, ServerUnavailable, Unauthorized
 from kairos.engine.result import BulkResult, FeatureError, NodeTiming, QueryResult
 from kairos.errors import BackendUnavailable, InvalidInput, KairosError, UnknownFeature
 from kairos.models.errors import UnknownModel
 from kairos.models.registry import AliasChange, ModelVersion
+from kairos.project.offline import OfflineResult
 from kairos.stores.codec import TAGGED_JSON, decode
 from kairos.stores.query_log import LoggedQuery
 from tests.client.conftest import REMOTE_KEY

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 SCRIPT = """
-from kairos.client.llm import packaged_gemma
+from kairos.project.llm import packaged_gemma
 from kairos.llm.tokens import gguf_tokenizer
 tokenizer = gguf_tokenizer(packaged_gemma())
 print(tokenizer.count("hello world"), tokenizer.exact, tokenizer.context)

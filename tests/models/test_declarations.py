@@ -8,7 +8,7 @@ import pytest
 
 import kairos as kr
 from kairos import _, features
-from kairos.client.config import Config
+from kairos.project.config import Config
 
 
 def test_predict_needs_a_model_name_and_feature_inputs() -> None:

@@ -15,9 +15,9 @@ from threadpoolctl import ThreadpoolController
 
 import kairos as kr
 from kairos import Features, _, features, online
-from kairos.client.config import Config, ModelsConfig
 from kairos.engine import execution
 from kairos.models import ArtifactVolume, ModelStore, model_registry_from_url
+from kairos.project.config import Config, ModelsConfig
 
 from .custom_model import Raising, SlowToLoad
 

@@ -13,7 +13,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 
 import kairos as kr
-from kairos.client.config import Config, ServerConfig
+from kairos.project.config import Config, ServerConfig
 from kairos.server import create_app
 from tests.server.fraud import error_of
 

@@ -458,7 +458,7 @@ def test_local_embeddings_need_no_gateway_and_place_similar_texts_close() -> Non
 def test_max_tokens_is_clamped_to_the_context_and_an_overlong_prompt_names_its_features(
     provider: tuple[Provider, str], tmp_path: Path
 ) -> None:
-    from kairos.client.config import Config, LLMConfig
+    from kairos.project.config import Config, LLMConfig
     from kairos.resolvers.llm import FORMAT_MARGIN
 
     fake, url = provider

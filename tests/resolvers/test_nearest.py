@@ -460,8 +460,8 @@ def test_vector_dimensions_must_be_a_positive_int() -> None:
 def test_the_vectors_setting_is_a_folder_under_the_project_or_a_postgres_url(
     tmp_path: Path,
 ) -> None:
-    from kairos.client.config import Config
     from kairos.errors import ProjectError
+    from kairos.project.config import Config
 
     assert Config.load(tmp_path).vectors == str(tmp_path / ".kairos" / "vectors")
     (tmp_path / "kairos.yaml").write_text("vectors: indexes\n")

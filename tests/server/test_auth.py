@@ -15,8 +15,8 @@ import pytest
 
 import kairos as kr
 from kairos.cli.serve import serve
-from kairos.client.config import ServerConfig
 from kairos.errors import KairosError, ProjectError
+from kairos.project.config import ServerConfig
 from kairos.server import create_app
 from kairos.ui.throttle import AuthThrottle
 from tests.server.fraud import PROJECT, copy_project, error_of, online_body

@@ -13,7 +13,7 @@ import pytest
 from starlette.applications import Starlette
 
 import kairos as kr
-from kairos.client.config import ServerConfig
+from kairos.project.config import ServerConfig
 from kairos.server import create_app
 from tests.server.fraud import copy_project, error_of, online_body
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kairos.client.project_gateway import project_gateway_config
 from kairos.gateway import Gateway
+from kairos.project.gateway import project_gateway_config
 
 
 def test_deploy_serves_until_sigterm(tiny_model: Path, tmp_path: Path) -> None:

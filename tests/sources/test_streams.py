@@ -24,9 +24,9 @@ from starlette.testclient import TestClient
 
 import kairos as kr
 from kairos import DataFrame, FeatureTime, Windowed, _, features, windowed
-from kairos.client.config import Config
 from kairos.client.consume import consumers_for
 from kairos.errors import ProjectError
+from kairos.project.config import Config
 from kairos.server import create_app
 from kairos.sources.streams import stream_from_config
 from tests.sources.kafka_broker import kafka_broker

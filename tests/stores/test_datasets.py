@@ -16,8 +16,8 @@ import pytest
 
 import kairos as kr
 from kairos import features, online
-from kairos.client.fingerprint import definitions_fingerprint
 from kairos.errors import InvalidInput
+from kairos.project.fingerprint import definitions_fingerprint
 from kairos.stores.datasets import METADATA_KEY, DatasetStore, UnknownDataset
 
 T0 = datetime(2026, 1, 10, 12, 30, tzinfo=UTC)
@@ -235,7 +235,7 @@ def test_fingerprint_is_stable_and_follows_resolver_code() -> None:
     # Another process (another hash seed) computes the same fingerprint.
     code = (
         "import kairos as kr\n"
-        "from kairos.client.fingerprint import definitions_fingerprint\n"
+        "from kairos.project.fingerprint import definitions_fingerprint\n"
         "from tests.stores.test_datasets import Acct, score\n"
         "c = kr.Client(definitions=[Acct, score])\n"
         "print(definitions_fingerprint(c.graph, c.resolvers))\n"

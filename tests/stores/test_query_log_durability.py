@@ -24,8 +24,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from kairos.client.config import Config
 from kairos.errors import ProjectError
+from kairos.project.config import Config
 from kairos.stores.query_log import BatchedQueryLog, query_log_from_url
 from tests.stores.test_query_log import PG_URL, _pg_available
 

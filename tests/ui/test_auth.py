@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 import kairos as kr
-from kairos.client.config import ServerConfig
+from kairos.project.config import ServerConfig
 from kairos.server import create_app
 
 KEY = "auth-test-key-0123456789"

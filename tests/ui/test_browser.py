@@ -19,8 +19,8 @@ from playwright.sync_api import Page, expect
 
 import kairos as kr
 from examples.fraud.generate import ANCHOR
-from kairos.client.config import ServerConfig
 from kairos.gateway import Gateway
+from kairos.project.config import ServerConfig
 from kairos.server import create_app
 from kairos.ui.replays import value_text
 from tests.client.test_decision_records import Upstream

@@ -23,8 +23,8 @@ from starlette.testclient import TestClient
 
 import kairos as kr
 from kairos import _, features, online
-from kairos.client.config import Config
 from kairos.gateway import Gateway
+from kairos.project.config import Config
 from kairos.resolvers.sql import SqlResolver
 from kairos.server import create_app
 from kairos.stores.query_log import LoggedQuery

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 import kairos as kr
-from kairos.client.config import ServerConfig
+from kairos.project.config import ServerConfig
 from kairos.server import create_app
 from kairos.ui.models import WINDOW, window_stats
 from kairos.ui.traffic import percentile

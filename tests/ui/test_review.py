@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import kairos as kr
-from kairos.client.config import ServerConfig
+from kairos.project.config import ServerConfig
 from kairos.server import create_app
 from kairos.ui.app import MAX_FORM
 from tests.models.test_model_features import Account, config, inputs, linear

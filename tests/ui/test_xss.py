@@ -16,8 +16,8 @@ from playwright.sync_api import Page
 
 import kairos as kr
 from kairos import feature, features, online
-from kairos.client.config import ServerConfig
 from kairos.gateway import Gateway
+from kairos.project.config import ServerConfig
 from kairos.server import create_app
 from tests.client.test_decision_records import Upstream
 from tests.gateway.fake_upstream import ServerThread

@@ -31,11 +31,11 @@ import click
 import yaml
 
 from kairos.cli.options import Group
-from kairos.client.project_gateway import gateway_config
 from kairos.errors import KairosError
 from kairos.gateway import Gateway
 from kairos.gateway.app import create_gateway_app
 from kairos.http.server import Server
+from kairos.project.gateway import gateway_config
 from kairos.serving.deploy import ENGINES, DeploymentSpec, cores_argument
 from kairos.serving.group_provider import DeploymentProvider, with_groups
 from kairos.serving.supervisor import DeploymentGroup

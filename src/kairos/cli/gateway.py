@@ -8,7 +8,7 @@ kairos gateway usage --key 3f9a0c1d2e4b --since 2026-11-01
 
 The key commands work on the registry named in `kairos.yaml` (the admin API does the same
 over HTTP); a new key is printed once and never stored in plain text. The configuration is the
-one the project's clients build (kairos.client.project_gateway): its `deployments:` are model
+one the project's clients build (kairos.project.gateway): its `deployments:` are model
 groups, and `gateway serve` runs them while it serves.
 """
 
@@ -27,18 +27,18 @@ from kairos.cli.options import PORT, Group, json_option, project_option
 from kairos.cli.serve import freeze_heap, is_local
 from kairos.cli.server_logging import configure_logging
 from kairos.cli.tables import show
-from kairos.client.config import LoggingConfig
-from kairos.client.deployments import LocalDeployments
-from kairos.client.project_gateway import (
-    gateway_providers,
-    project_deployments,
-    project_gateway_config,
-)
 from kairos.errors import KairosError
 from kairos.gateway import Gateway
 from kairos.gateway.app import create_gateway_app
 from kairos.gateway.ledger import period_bound, summarize
 from kairos.http.server import serve
+from kairos.project.config import LoggingConfig
+from kairos.project.deployments import LocalDeployments
+from kairos.project.gateway import (
+    gateway_providers,
+    project_deployments,
+    project_gateway_config,
+)
 from kairos.ui import UI
 from kairos.ui.gateway import with_dashboard
 

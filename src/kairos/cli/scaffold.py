@@ -8,8 +8,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from kairos.client.project_gateway import ignored
 from kairos.errors import KairosError
+from kairos.project.gateway import ignored
 
 FILES = {
     "kairos.yaml": """\

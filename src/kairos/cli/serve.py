@@ -25,8 +25,8 @@ from uvicorn.supervisors import Multiprocess
 
 from kairos.cli.server_logging import configure_logging
 from kairos.client import Client
-from kairos.client.config import Config, LoggingConfig, ServerConfig
 from kairos.errors import KairosError
+from kairos.project.config import Config, LoggingConfig, ServerConfig
 from kairos.server import create_app
 
 # what a worker process is told by the process that starts it (it is a fresh interpreter)

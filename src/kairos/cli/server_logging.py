@@ -15,7 +15,7 @@ from typing import TextIO
 from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.orjson import OrjsonFormatter
 
-from kairos.client.config import LoggingConfig
+from kairos.project.config import LoggingConfig
 
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 UVICORN = ("uvicorn", "uvicorn.error", "uvicorn.asgi")

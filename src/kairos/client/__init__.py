@@ -1,7 +1,6 @@
-"""The client: load a project, plan and run queries."""
+"""The client faces: the embedded `Client` and `RemoteClient`, the same calls over HTTP."""
 
 from kairos.client.client import Client
-from kairos.client.project import Project
 from kairos.client.remote import RemoteClient
 
-__all__ = ["Client", "Project", "RemoteClient"]
+__all__ = ["Client", "RemoteClient"]

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from kairos.client.offline import Progress, Recompute, offline_query
-from kairos.client.runtime import Runtime
-from kairos.client.vectors import BackfillVersions, VectorFeatures
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.types import ValueType
 from kairos.engine.execution import FUTURE_SKEW
 from kairos.engine.values import to_utc
 from kairos.errors import InvalidInput, KairosError, PlanError
+from kairos.project.offline import Progress, Recompute, offline_query
+from kairos.project.snapshot import Snapshot
+from kairos.project.vectors import BackfillVersions, VectorFeatures
 from kairos.stores.online import StoredValue
 
 ANY = ValueType("any", True)
@@ -56,7 +56,7 @@ def time_grid(start: datetime, end: datetime, every: timedelta) -> list[datetime
 
 
 async def materialize(
-    runtime: Runtime,
+    runtime: Snapshot,
     *,
     keys: Sequence[Any],
     start: datetime,
@@ -167,7 +167,7 @@ async def materialize(
     )
 
 
-def _plan_error(runtime: Runtime, key_name: str, name: str) -> PlanError | None:
+def _plan_error(runtime: Snapshot, key_name: str, name: str) -> PlanError | None:
     """Why `name` cannot be computed offline from the key alone, or None when it can."""
     try:
         runtime.planner.plan([key_name], [name], mode="offline")

@@ -19,29 +19,10 @@ from typing import Any, TypeVar
 
 from kairos import telemetry
 from kairos.client.backfill import BackfillReport, materialize
-from kairos.client.config import Config
-from kairos.client.decisions import DecisionLog, decision_records, snapshot_values, whole_path
 from kairos.client.evaluate import Evaluation, evaluate
-from kairos.client.events import (
-    FollowingIndex,
-    event_class,
-    foreign_keys,
-    last_of_each,
-    persist,
-    stored_events,
-    typed_events,
-)
-from kairos.client.fingerprint import definitions_fingerprint
-from kairos.client.inputs import bulk_columns, check_inputs
-from kairos.client.llm import GatewayCompleter, feature_models
-from kairos.client.models import Models
-from kairos.client.offline import Datasets, OfflineResult, Progress, Recompute, offline_query
-from kairos.client.project import Project
 from kairos.client.ray_engine import Rebuild, recompute_engine
 from kairos.client.remote import RemoteClient
 from kairos.client.replay import Decisions, ReplayResult, replay, replay_runtime
-from kairos.client.runtime import FeatureNames, OfflineHistory, Runtime, plan_with
-from kairos.client.vectors import VectorFeatures
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.graph import Graph
 from kairos.definitions.windows import indexed_window
@@ -62,6 +43,25 @@ from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosErr
 from kairos.gateway import Gateway
 from kairos.planner.plan import Plan
 from kairos.planner.planner import Planner
+from kairos.project.config import Config
+from kairos.project.decisions import DecisionLog, decision_records, snapshot_values, whole_path
+from kairos.project.events import (
+    FollowingIndex,
+    event_class,
+    foreign_keys,
+    last_of_each,
+    persist,
+    stored_events,
+    typed_events,
+)
+from kairos.project.fingerprint import definitions_fingerprint
+from kairos.project.inputs import bulk_columns, check_inputs
+from kairos.project.llm import GatewayCompleter, feature_models
+from kairos.project.models import Models
+from kairos.project.modules import Project
+from kairos.project.offline import Datasets, OfflineResult, Progress, Recompute, offline_query
+from kairos.project.snapshot import FeatureNames, OfflineHistory, Snapshot, plan_with
+from kairos.project.vectors import VectorFeatures
 from kairos.resolvers.calls import CALLS, Calls
 from kairos.resolvers.llm import EmbeddingResolver, llm_resolvers
 from kairos.resolvers.model import ModelResolver
@@ -246,7 +246,7 @@ class Client:
             observe=history.writer is not None,
             windows=self.windows,
         )
-        self._runtime = Runtime(
+        self._runtime = Snapshot(
             self.graph,
             FeatureNames(self.graph),
             declared,
@@ -263,7 +263,7 @@ class Client:
         self._closed = False
         self._id_prefix = uuid.uuid4().hex[:16]
         self._id_counter = itertools.count(1)
-        self._plans: dict[str, tuple[Runtime, PlanInfo]] = {}
+        self._plans: dict[str, tuple[Snapshot, PlanInfo]] = {}
 
     def _bind_models(self, models: list[ModelResolver]) -> None:
         """Plan with these `kr.predict` resolvers from now on: the one place the runtime
@@ -273,7 +273,7 @@ class Client:
     # --- what queries run on (read-only; rebinding models swaps the runtime whole) -----
 
     @property
-    def runtime(self) -> Runtime:
+    def runtime(self) -> Snapshot:
         return self._runtime
 
     @property
@@ -758,7 +758,7 @@ class Client:
 
     def _records(
         self,
-        runtime: Runtime,
+        runtime: Snapshot,
         plan: Plan,
         inputs: dict[str, list[Any]],
         result: BulkResult,
@@ -770,7 +770,7 @@ class Client:
         info = self._plan_info(runtime, plan)
         return decision_records(info, plan, inputs, result, values, calls, started)
 
-    def _plan_info(self, runtime: Runtime, plan: Plan) -> PlanInfo:
+    def _plan_info(self, runtime: Snapshot, plan: Plan) -> PlanInfo:
         """The plan as a decision record names it (built once per plan and runtime; the
         writer thread calls this)."""
         found = self._plans.get(plan.fingerprint)

@@ -36,11 +36,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from kairos.client.offline import spine_columns
 from kairos.client.replay import ReplayResult, ReplayRow
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.engine.values import to_utc
 from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError, did_you_mean
+from kairos.project.offline import spine_columns
 from kairos.stores.query_log import LoggedQuery
 
 MODEL_METRICS = ("accuracy", "auc", "log_loss", "mae")

@@ -47,15 +47,15 @@ from typing import Any
 import pyarrow as pa
 
 from kairos.backends import parse, redact
-from kairos.client.config import Config
-from kairos.client.offline import Progress, Recompute
-from kairos.client.project import Project
-from kairos.client.runtime import Runtime
 from kairos.definitions.windows import indexed_window
 from kairos.engine.result import FeatureError
 from kairos.engine.windows import WindowIndex
 from kairos.errors import InvalidInput, KairosError
 from kairos.planner.plan import Plan
+from kairos.project.config import Config
+from kairos.project.modules import Project
+from kairos.project.offline import Progress, Recompute
+from kairos.project.snapshot import Snapshot
 from kairos.resolvers.sql import SqlResolver
 
 ENGINES = ("local", "ray")
@@ -126,7 +126,7 @@ class WorkerSpec:
 
 
 def recompute_engine(
-    engine: str, address: str | None, runtime: Runtime, rebuild: Rebuild
+    engine: str, address: str | None, runtime: Snapshot, rebuild: Rebuild
 ) -> Recompute | None:
     """The `Recompute` that `engine` names: None for "local" (the engine of this process)."""
     if engine == "local":
@@ -146,7 +146,7 @@ def recompute_engine(
 class RayRecompute:
     """Recompute offline rows on Ray workers (a `Recompute`)."""
 
-    def __init__(self, runtime: Runtime, rebuild: Rebuild, address: str | None) -> None:
+    def __init__(self, runtime: Snapshot, rebuild: Rebuild, address: str | None) -> None:
         self.runtime = runtime
         self.rebuild = rebuild
         self.address = address

@@ -35,8 +35,6 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from kairos.client.inputs import bulk_columns
-from kairos.client.offline import OfflineResult, Progress, spine_columns
 from kairos.definitions.durations import DurationLike, format_duration, parse_duration
 from kairos.definitions.feature import ref_of, window_name
 from kairos.engine.result import BulkResult, QueryResult
@@ -57,6 +55,8 @@ from kairos.errors import (
 )
 from kairos.models.errors import SchemaMismatch, TamperedArtifact, UnknownModel, UnsupportedModel
 from kairos.models.registry import AliasChange, ModelVersion
+from kairos.project.inputs import bulk_columns
+from kairos.project.offline import OfflineResult, Progress, spine_columns
 from kairos.stores.codec import TAGGED_JSON, CorruptValue, decode
 from kairos.stores.query_log import LoggedQuery, QueryLogError
 

@@ -28,9 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kairos import telemetry
-from kairos.client.decisions import DecisionLog
 from kairos.client.replay_summary import ReplayRow, ReplayTally
-from kairos.client.runtime import Runtime, plan_with
 from kairos.definitions.completion import CompletionOptions
 from kairos.definitions.durations import DurationLike
 from kairos.definitions.frame import DataFrame
@@ -38,6 +36,8 @@ from kairos.definitions.predict import ModelOptions
 from kairos.engine.result import ColumnData
 from kairos.errors import InvalidInput
 from kairos.planner.plan import Plan
+from kairos.project.decisions import DecisionLog
+from kairos.project.snapshot import Snapshot, plan_with
 from kairos.resolvers.calls import CALLS, Calls
 from kairos.resolvers.llm import Completer, CompletionResolver, completion_resolver
 from kairos.resolvers.model import ModelResolver
@@ -192,7 +192,7 @@ class ReplayResult:
 
 
 def replay_runtime(
-    runtime: Runtime,
+    runtime: Snapshot,
     models: ModelPins,
     *,
     pins: Mapping[str, int | str] | None = None,
@@ -200,7 +200,7 @@ def replay_runtime(
     resolvers: Mapping[Any, Any] | None = None,
     recompute: Sequence[str] = (),
     completer: Callable[[], Completer],
-) -> tuple[Runtime, set[str]]:
+) -> tuple[Snapshot, set[str]]:
     """The runtime a replay runs on (the client's with its changes) and the features changed.
 
     `pins`: model name -> version or alias; `features`: feature name -> a new `kr.predict` /
@@ -346,7 +346,7 @@ class Decisions:
 
 
 async def replay(
-    runtime: Runtime,
+    runtime: Snapshot,
     records: Sequence[LoggedQuery] | Decisions,
     changed: set[str],
     definitions: str,
@@ -370,7 +370,7 @@ async def replay(
 
 
 async def _replay(
-    runtime: Runtime,
+    runtime: Snapshot,
     decisions: Decisions,
     changed: set[str],
     definitions: str,
@@ -444,7 +444,7 @@ def _keep(
 
 
 async def _replay_chunk(
-    runtime: Runtime,
+    runtime: Snapshot,
     records: Sequence[LoggedQuery],
     changed: set[str],
     tally: ReplayTally,
@@ -499,7 +499,7 @@ def _has(record: LoggedQuery, name: str) -> bool:
 
 
 async def _compare(
-    runtime: Runtime,
+    runtime: Snapshot,
     plan: Plan,
     group: Sequence[LoggedQuery],
     compared: Sequence[str],
@@ -585,7 +585,7 @@ def _reads(plan: Plan, dirty: set[str], inputs: set[str]) -> set[str]:
 
 
 async def _run(
-    runtime: Runtime, plan: Plan, records: Sequence[LoggedQuery]
+    runtime: Snapshot, plan: Plan, records: Sequence[LoggedQuery]
 ) -> tuple[dict[str, ColumnData], Calls]:
     """One bulk run of the engine: each record a row, at its own `now`, from its values."""
     columns = {name: [_logged(record, name) for record in records] for name in plan.inputs}

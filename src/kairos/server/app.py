@@ -21,9 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 
 from kairos.client.client import QUERY_ID, Client
-from kairos.client.config import ServerConfig
 from kairos.client.consume import consumers_for, run_consumers
-from kairos.client.decisions import MAX_PAGE, entity_keys, moment, typed_time
 from kairos.errors import (
     BackendUnavailable,
     DefinitionError,
@@ -33,6 +31,8 @@ from kairos.errors import (
     UnknownFeature,
 )
 from kairos.http.access import log_access
+from kairos.project.config import ServerConfig
+from kairos.project.decisions import MAX_PAGE, entity_keys, moment, typed_time
 from kairos.server.bodies import (
     HTTPProblem,
     json_response,

@@ -31,10 +31,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from kairos.client.client import Client
-from kairos.client.decisions import MAX_PAGE
 from kairos.errors import InvalidInput
 from kairos.models import formats
 from kairos.models.errors import TamperedArtifact, UnknownModel, UnsupportedModel
+from kairos.project.decisions import MAX_PAGE
 from kairos.server.bodies import MAX_BODY, HTTPProblem, json_response, read_json, too_large
 
 ARROW = "application/vnd.apache.arrow.stream"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kairos.client.decisions import MAX_PAGE
+from kairos.project.decisions import MAX_PAGE
 
 _ERROR = {
     "type": "object",

@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from kairos.client.client import Client
-from kairos.client.decisions import MAX_PAGE
+from kairos.project.decisions import MAX_PAGE
 from kairos.server.bodies import HTTPProblem, json_response, read_json
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -21,8 +21,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from kairos.client.client import Client
-from kairos.client.decisions import MAX_PAGE
 from kairos.errors import InvalidInput
+from kairos.project.decisions import MAX_PAGE
 from kairos.stores.query_log import LoggedQuery, LoggedValue, QueryLog, Search
 from kairos.ui import replays
 from kairos.ui.app import UI, UIError

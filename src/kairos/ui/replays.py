@@ -22,9 +22,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from kairos.client.client import Client
-from kairos.client.decisions import entity_keys, typed_time
 from kairos.client.replay import ReplayResult, ReplayRow
 from kairos.errors import InvalidInput, KairosError
+from kairos.project.decisions import entity_keys, typed_time
 from kairos.resolvers.model import model_features
 from kairos.ui.app import UI, UIError
 

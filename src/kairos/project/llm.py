@@ -9,7 +9,7 @@ caller. The gateway is built from the project's `gateway:` section on first use,
 
 The project's own gateway also serves its `deployments:` (local replica groups, started when
 a call first needs one; `client.llm.deployments.start_all()` starts them all) and, without
-`llm.key_env`, calls with the project's `kairos-features` key (kairos.client.project_gateway).
+`llm.key_env`, calls with the project's `kairos-features` key (kairos.project.gateway).
 
 Token counts use the model's own tokenizer: tiktoken for OpenAI model names, a GGUF file's
 vocabulary for a local model named in `llm.tokenizers` (kairos.yaml) or served by one of the
@@ -29,13 +29,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kairos.client.deployments import (
+from kairos.errors import KairosError, ProjectError
+from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway.keys import KeyRecord
+from kairos.llm.embeddings import LOCAL_MINILM, LocalEmbedder
+from kairos.llm.tokens import Tokenizer, tokenizer_for
+from kairos.project.deployments import (
     PACKAGED_GEMMA,
     LocalDeployments,
     packaged_gemma,
     routes_to,
 )
-from kairos.client.project_gateway import (
+from kairos.project.gateway import (
     FEATURES_KEY,
     current_features_key,
     features_key,
@@ -43,11 +48,6 @@ from kairos.client.project_gateway import (
     gateway_providers,
     gateway_section,
 )
-from kairos.errors import KairosError, ProjectError
-from kairos.gateway import Gateway, GatewayConfig
-from kairos.gateway.keys import KeyRecord
-from kairos.llm.embeddings import LOCAL_MINILM, LocalEmbedder
-from kairos.llm.tokens import Tokenizer, tokenizer_for
 from kairos.resolvers.llm import CompletionResolver, EmbeddingResolver
 from kairos.serving.deploy import DeploymentSpec
 

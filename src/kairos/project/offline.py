@@ -29,12 +29,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc
 
-from kairos.client.inputs import check_inputs
-from kairos.client.runtime import Runtime
 from kairos.engine.result import FeatureError
 from kairos.engine.values import to_utc
 from kairos.errors import InvalidInput, InvalidValue, KairosError
 from kairos.planner.plan import Plan
+from kairos.project.inputs import check_inputs
+from kairos.project.snapshot import Snapshot
 from kairos.stores.datasets import Dataset, DatasetStore, DatasetVersion
 from kairos.stores.offline import readable
 
@@ -125,7 +125,7 @@ def spine_columns(spine: Any) -> dict[str, list[Any]]:
 
 
 async def offline_query(
-    runtime: Runtime,
+    runtime: Snapshot,
     spine: Any,
     output: Sequence[Any],
     *,
@@ -209,7 +209,7 @@ async def offline_query(
     return OfflineResult(arrow, errors, query)
 
 
-def local_recompute(runtime: Runtime) -> Recompute:
+def local_recompute(runtime: Snapshot) -> Recompute:
     """Recompute in this process: one run of the engine over every row."""
 
     async def run(
@@ -248,7 +248,7 @@ def arrow_spine(spine: Any) -> pa.Table:
 
 
 def _stored_query(
-    runtime: Runtime, spine: Any, output: Sequence[Any], timestamp: str
+    runtime: Snapshot, spine: Any, output: Sequence[Any], timestamp: str
 ) -> OfflineResult:
     """`recompute=False`: every output read as of each row, columnar end to end (a million
     spine rows never become Python objects, except values of list/dict features)."""
@@ -308,7 +308,7 @@ def _parse_times(texts: list[Any], timestamp: str) -> list[datetime | None]:
 
 
 def _stored_values(
-    runtime: Runtime,
+    runtime: Snapshot,
     root: str,
     inputs: dict[str, Any],
     names: list[str],

@@ -16,14 +16,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from kairos.client.offline import Datasets, OfflineResult
-from kairos.client.runtime import FeatureNames
 from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.frame import DataFrame
 from kairos.engine.result import BulkResult, ColumnData
 from kairos.engine.values import to_utc
 from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError
 from kairos.planner.plan import Plan
+from kairos.project.offline import Datasets, OfflineResult
+from kairos.project.snapshot import FeatureNames
 from kairos.resolvers.calls import Calls
 from kairos.stores.datasets import DatasetVersion
 from kairos.stores.query_log import LoggedQuery, LoggedValue, PlanInfo, QueryLog, Search

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kairos.client.config import ModelsConfig
 from kairos.definitions.feature import FeatureRef
 from kairos.definitions.graph import Graph
 from kairos.definitions.predict import ModelOptions
@@ -30,6 +29,7 @@ from kairos.models.registry import AliasChange, ModelVersion, model_registry_fro
 from kairos.models.schema import to_matrix
 from kairos.models.store import ModelStore
 from kairos.models.volume import ArtifactVolume
+from kairos.project.config import ModelsConfig
 from kairos.resolvers.model import ModelResolver, check_fit, input_refs, model_features
 
 if TYPE_CHECKING:

@@ -35,10 +35,10 @@ from typing import Any
 
 import yaml
 
-from kairos.client.deployments import parse_deployments
-from kairos.client.project_gateway import check_budgets
 from kairos.definitions.durations import parse_duration
 from kairos.errors import KairosError, ProjectError
+from kairos.project.deployments import parse_deployments
+from kairos.project.gateway import check_budgets
 from kairos.serving.deploy import DeploymentSpec
 from kairos.sources.streams.base import StreamSpec
 from kairos.stores.query_log import DURABILITY
@@ -57,7 +57,7 @@ _KEYS = {
     "streams",
     "vectors",
     "gateway",  # read by kairos.gateway.GatewayConfig
-    "deployments",  # local replica groups the gateway serves (kairos.client.deployments)
+    "deployments",  # local replica groups the gateway serves (kairos.project.deployments)
     "logging",
 }
 _MODELS_KEYS = {"registry", "volume", "max_batch", "max_wait", "threads", "refresh"}

@@ -1,8 +1,8 @@
 """What a client's queries run on: the feature graph, the planner over the resolvers bound to
-it, the engine and the stores. The client owns one `Runtime` and hands its helpers (offline
+it, the engine and the stores. The client owns one `Snapshot` and hands its helpers (offline
 queries, backfills) the runtime or the parts they need, never the client itself.
 
-A `Runtime` does not change: re-binding `kr.predict` features to the model versions their
+A `Snapshot` does not change: re-binding `kr.predict` features to the model versions their
 aliases point at now makes a new one (`rebound`), which the client swaps in whole, so each
 query plans and runs on one consistent set.
 
@@ -94,7 +94,7 @@ class FeatureNames:
 
 
 @dataclass(frozen=True, slots=True)
-class Runtime:
+class Snapshot:
     """The graph, its resolvers and planner, the engine and the stores of one client."""
 
     graph: Graph
@@ -110,7 +110,7 @@ class Runtime:
     def resolvers(self) -> ResolverSet:
         return self.planner.resolvers
 
-    def rebound(self, models: Sequence[ModelResolver]) -> Runtime:
+    def rebound(self, models: Sequence[ModelResolver]) -> Snapshot:
         """This runtime with `models` as its `kr.predict` resolvers: new plans use them
         (queries already running finish on the plans they started with)."""
         return replace(

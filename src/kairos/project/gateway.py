@@ -42,12 +42,12 @@ from typing import Any
 import yaml
 
 from kairos.backends import parse
-from kairos.client.deployments import LocalDeployments, parse_deployments
 from kairos.errors import KairosError, ProjectError
 from kairos.gateway import Gateway, GatewayConfig
 from kairos.gateway.errors import GatewayConfigError, InvalidKeySpec
 from kairos.gateway.gateway import provider_for
 from kairos.gateway.keys import KeyRecord, key_spec
+from kairos.project.deployments import LocalDeployments, parse_deployments
 from kairos.serving.deploy import DeploymentSpec
 from kairos.serving.group_provider import with_groups
 
