@@ -35,8 +35,9 @@ $(CHROMIUM):
 	echo "make test: could not install chromium (apt-get install chromium as root); the browser tests will skip"
 
 ## make test: install dev dependencies (and chromium for the browser tests), then run the whole suite
+## on two workers (pytest-xdist), a test file to a worker: its module fixtures are built once
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 ## make check: lint, format check, type check and the import contracts (pyproject.toml)
 check: $(STAMP)

@@ -71,12 +71,20 @@ def extras_of_pyproject() -> dict[str, list[str]]:
     return {name: reqs for name, reqs in extras.items() if name not in ("dev", "demo")}
 
 
+def build_wheel(into: Path) -> Path:
+    """This tree's wheel, built into `into`. setuptools builds in the tree (build/, the
+    egg-info under src/), so builds at once (test workers, other sessions) take turns."""
+    (ROOT / "build").mkdir(exist_ok=True)
+    with (ROOT / "build" / ".wheel.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        run(*PIP, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", into, ROOT)
+    (built,) = into.glob("kairos_inference-*.whl")
+    return built
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dist = tmp_path_factory.mktemp("dist")
-    run(*PIP, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, ROOT)
-    (built,) = dist.glob("kairos_inference-*.whl")
-    return built
+    return build_wheel(tmp_path_factory.mktemp("dist"))
 
 
 def requirements_of(wheel: Path) -> list[str]:
@@ -156,7 +164,10 @@ def test_the_plain_wheel_installs_and_serves(plain: Path, tmp_path: Path) -> Non
                 assert server.poll() is None and time.monotonic() < deadline, "no server"
                 time.sleep(0.2)
         body = json.dumps({"inputs": {"user.id": "u1"}, "outputs": ["user.name"]}).encode()
-        request = urllib.request.Request(f"{url}/v1/query/online", data=body, method="POST")
+        request = urllib.request.Request(
+            f"{url}/v1/query/online", data=body, method="POST",
+            headers={"Content-Type": "application/json"},  # the server reads JSON bodies only
+        )  # fmt: skip
         with urllib.request.urlopen(request, timeout=30) as response:
             assert json.loads(response.read())["values"] == {"user.name": "Ada"}
         with urllib.request.urlopen(f"{url}/ui/features", timeout=30) as response:

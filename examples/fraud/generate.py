@@ -4,8 +4,11 @@ python -m examples.fraud.generate [--users 200] [--seed 7]
 """
 
 import argparse
+import fcntl
+import filecmp
 import os
 import random
+import shutil
 import sqlite3
 import tempfile
 from datetime import UTC, datetime, timedelta
@@ -20,11 +23,30 @@ MERCHANTS = ("grocer", "fuel", "airline", "electronics", "cafe", "pharmacy", "on
 
 def generate(path: Path = DB_PATH, users: int = 200, seed: int = 7) -> Path:
     """Create (or replace) the database at `path` and return the path."""
-    rng = random.Random(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    db = sqlite3.connect(tmp)
+    # processes generating at once (test workers, `make demo`) take turns: one trains the model
+    with path.with_name(path.name + ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with tempfile.TemporaryDirectory() as scratch:
+            made = _write(Path(scratch) / path.name, users, seed)
+            # seeded, so mostly the very bytes already there: then the folder is left as it is,
+            # under a server reading it or a copy being taken of it
+            if not (path.exists() and filecmp.cmp(made, path, shallow=False)):
+                fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+                os.close(fd)
+                shutil.copyfile(made, tmp)
+                os.replace(tmp, path)
+        if path.resolve() == DB_PATH.resolve():
+            from .train import ensure_model
+
+            ensure_model(users=users, seed=seed)  # `User.risk` is served by the trained model
+    return path
+
+
+def _write(path: Path, users: int, seed: int) -> Path:
+    """A new database at `path` (a file not there yet)."""
+    rng = random.Random(seed)
+    db = sqlite3.connect(path)
     try:
         db.executescript(
             """
@@ -65,11 +87,6 @@ def generate(path: Path = DB_PATH, users: int = 200, seed: int = 7) -> Path:
         db.commit()
     finally:
         db.close()
-    os.replace(tmp, path)
-    if path.resolve() == DB_PATH.resolve():
-        from .train import ensure_model
-
-        ensure_model(users=users, seed=seed)  # `User.risk` is served by the trained model
     return path
 
 

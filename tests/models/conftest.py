@@ -1,6 +1,8 @@
 """Fixtures for the model tests: a model store over a real registry (SQLite file, and
-PostgreSQL at 127.0.0.1:5432 when it is there) and a local artifact volume."""
+PostgreSQL at 127.0.0.1:5432 when it is there, in a schema of the test's own) and a local
+artifact volume."""
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +12,6 @@ import pytest
 from kairos.models import ArtifactVolume, ModelStore, model_registry_from_url
 
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
-TABLES = ("kairos_models", "kairos_model_aliases", "kairos_model_alias_history")
 
 
 def _postgres_url() -> str:
@@ -18,9 +19,7 @@ def _postgres_url() -> str:
 
     for url in (PG_URL, "postgresql://127.0.0.1:5432/test"):
         try:
-            with psycopg.connect(url, connect_timeout=2) as conn:
-                for table in TABLES:
-                    conn.execute(f"drop table if exists {table}")
+            psycopg.connect(url, connect_timeout=2).close()
             return url
         except psycopg.OperationalError:
             continue
@@ -28,10 +27,21 @@ def _postgres_url() -> str:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'models.db'}"
-    return _postgres_url()
+        yield f"sqlite:///{tmp_path / 'models.db'}"
+        return
+    import psycopg
+    from psycopg import sql
+
+    url = _postgres_url()
+    # a schema of the test's own: the registry's tables have fixed names, and tests run at once
+    schema = f"kairos_models_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("create schema {}").format(sql.Identifier(schema)))
+    yield f"{url}?options=-csearch_path%3D{schema}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("drop schema {} cascade").format(sql.Identifier(schema)))
 
 
 @pytest.fixture

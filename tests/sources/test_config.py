@@ -64,8 +64,12 @@ def test_missing_variable_is_named(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("password", "database"),
     [
-        ("hunter2-s3cret", f"kairos_no_such_db_{uuid.uuid4().hex[:8]}"),
-        ("hunter2%zz", "test"),  # libpq quotes a malformed percent-escape back
+        # ids of their own: a random name in the id differs between test workers
+        pytest.param(
+            "hunter2-s3cret", f"kairos_no_such_db_{uuid.uuid4().hex[:8]}", id="no-such-database"
+        ),
+        # libpq quotes a malformed percent-escape back
+        pytest.param("hunter2%zz", "test", id="malformed-escape"),
     ],
 )
 def test_postgres_password_never_shown(

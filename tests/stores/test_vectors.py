@@ -12,8 +12,10 @@ here), with a filter and with versions that must stay invisible before their tim
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 import warnings
@@ -66,20 +68,26 @@ def clustered(n: int, d: int, queries: int, seed: int = 7) -> tuple[npt.NDArray[
 
 
 @pytest.fixture(scope="session")
-def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_url() -> Iterator[str]:
     """A PostgreSQL 16 server with pgvector, from the `pgserver` wheel, in its own folder and
-    socket; stopped at the end of the session."""
+    socket; stopped and removed at the end of the session."""
+    # not under pytest's temp root: as root, pgserver runs PostgreSQL as user `pgserver`, and
+    # every pytest that starts (another worker's, another session's) makes that root 0700 again
+    folder = Path(tempfile.mkdtemp(prefix="kairos-pgserver-"))
     with warnings.catch_warnings():
         # pgserver reads XDG_RUNTIME_DIR when imported, and warns that it is not set
         warnings.simplefilter("ignore")
         from pgserver.postgres_server import get_server
 
-        server = get_server(tmp_path_factory.mktemp("pgserver"), cleanup_mode="stop")
-    url = server.get_uri()
-    with psycopg.connect(url, autocommit=True) as connection:
-        connection.execute("CREATE EXTENSION IF NOT EXISTS vector")
-    yield url
-    server.cleanup()
+        server = get_server(folder / "pgdata", cleanup_mode="stop")
+    try:
+        url = server.get_uri()
+        with psycopg.connect(url, autocommit=True) as connection:
+            connection.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        yield url
+    finally:
+        server.cleanup()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass

@@ -1,12 +1,12 @@
 """The dashboard ships in the wheel: every template and stylesheet is package data, so a
 `pip install kairos-inference` serves /ui with nothing fetched from elsewhere."""
 
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.test_wheel import build_wheel
 
 ROOT = Path(__file__).parents[2]
 UI = ROOT / "src" / "kairos" / "ui"
@@ -14,12 +14,7 @@ UI = ROOT / "src" / "kairos" / "ui"
 
 @pytest.mark.slow
 def test_the_wheel_holds_every_template_and_stylesheet(tmp_path: Path) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    (wheel,) = tmp_path.glob("kairos_inference-*.whl")
+    wheel = build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     assets = [p for folder in ("templates", "static") for p in (UI / folder).iterdir()]
     assert len(assets) >= 10
