@@ -9,19 +9,17 @@ Every write adds one immutable segment file and every read lists the files again
 of processes on one project (`kairos serve --workers N`, `kairos query`, a backfill) write and
 read the store at the same time; small segments are merged as they pile up. A store from before
 (one DuckDB file at the same path) is moved into segments the first time it is opened, and the
-file is kept beside it as `<name>.old`.
+file is kept beside it as `<name>.old` (`migration.py`).
 
 As-of reads are one `ASOF LEFT JOIN` of the spine (an Arrow table with an integer row id, never
 keys glued into strings) against the feature's segments pruned to the spine's time range, put
 back in spine order by row id: no Python loop per row, duplicate spine rows all answered.
+The SQL text of the reads is in `segment_sql.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import logging
-import os
 import shutil
 import tempfile
 import threading
@@ -56,52 +54,22 @@ from kairos.stores.offline.base import (
     table_name,
     ttl_of,
 )
+from kairos.stores.offline.migration import opened_root
+from kairos.stores.offline.segment_sql import asof_join, latest_rows
 from kairos.stores.offline.segments import (
     _STORED_TYPES,
     Layout,
     Listing,
     Segment,
     TableInfo,
-    _flock,
 )
-
-logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 MERGE_AT = 16  # this many of a table's newest segments, of one size tier, are merged
 TIER_BASE = 64 << 10  # bytes: tier 0 is under this, tier t under TIER_BASE * 16**t
 MERGED_TIERS = 4  # segments of tiers 0-3 are merged (up to 16 of 256 MiB), bigger ones never
-_COMPLETE = ".complete"  # in a migrating folder: every table was exported
 _READ_ATTEMPTS = 4  # a read that meets a segment merged away lists the files again
-
-# Among events of the latest observed_at <= ts, the one inserted last wins (seq, then the row's
-# place in its segment, breaks an exact tie: the later write). DuckDB's as-of picks an arbitrary
-# one among equal observed_at, so a table that has ever held two events of one (key,
-# observed_at), or a feature spread over several tables, is joined on the struct (observed_at,
-# inserted_at, seq, row), which costs about twice the plain join; a null ts is -infinity there
-# so it matches nothing (a struct with a null field compares as largest).
-_ASOF = """
-select spine.row_id, {values}
-from kairos_spine as spine
-asof left join (
-    select key, observed_at, {columns}{version}
-    from {events}{where}
-) as event
-    on spine.key = event.key
-    and {inequality}
-"""
-_VERSION = ", (observed_at, inserted_at, seq, row_number) as version"
-_PLAIN = "spine.ts >= event.observed_at"
-_TIE_BREAKING = """(coalesce(spine.ts, '-infinity'::timestamptz), 'infinity'::timestamptz,
-         9223372036854775807::bigint, 9223372036854775807::bigint) >= event.version"""
-# one table's segments; file_row_number (a row's place in its segment) only where ties are
-# broken: asking for it costs the scan its parallelism
-_SEGMENTS = (
-    "(select *, file_row_number as row_number from read_parquet(${files}, "
-    "hive_partitioning = false, file_row_number = true))"
-)
-_SEGMENTS_PLAIN = "read_parquet(${files}, hive_partitioning = false)"
 
 # Does this write give a (key, observed_at) a second event? (a small batch: asked in Python)
 _SMALL_BATCH = 4096
@@ -115,10 +83,6 @@ limit 1
 """
 
 
-def _quoted(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
-
-
 def _segment_table(namespace: str, features: Sequence[str]) -> str:
     # "+" never occurs in a feature's name, so a group's name is no single feature's
     return table_name(namespace, "+".join(features))
@@ -126,13 +90,6 @@ def _segment_table(namespace: str, features: Sequence[str]) -> str:
 
 def _segment_columns(features: Sequence[str]) -> list[str]:
     return ["value"] if len(features) == 1 else [f"v{i}" for i in range(len(features))]
-
-
-def _stored_sql(kind: str) -> str:
-    """The DuckDB type a segment's column of this value kind reads as."""
-    if kind == "timedelta":
-        return "BIGINT"
-    return "VARCHAR" if _VALUE_TYPES[kind][0] == "JSON" else _VALUE_TYPES[kind][0]
 
 
 def _readable(column: pa.ChunkedArray | pa.Array, kind: str) -> pa.Array:
@@ -165,7 +122,7 @@ class DuckDBOfflineStore(OneFeatureWrites):
             self._scratch = Path(tempfile.mkdtemp(prefix="kairos-offline-"))
             root = self._scratch
         else:
-            root = _opened_root(Path(self.path))
+            root = opened_root(Path(self.path))
         self._layout = Layout(root)
         try:
             connection = duckdb.connect(":memory:")
@@ -537,82 +494,11 @@ class DuckDBOfflineStore(OneFeatureWrites):
         """One as-of join answering every feature of `group`, all held by the tables `held`
         (one table: any number of features; several tables: one feature, over their union)."""
         rows = spine.num_rows
-        time_column = spine.column("ts")
         kinds = {feature: held[0].columns[feature][1] for feature in group}
-        if not rows or time_column.null_count == rows:
+        query = asof_join(spine, held, listings, group, ttl)
+        if query is None:
             return {f: pa.nulls(rows, _VALUE_TYPES[kinds[f]][1]) for f in group}
-        latest, earliest = pc.max(time_column).as_py(), pc.min(time_column).as_py()
-        parameters: dict[str, Any] = {"max_ts": latest}
-        values = []
-        for index, feature in enumerate(group):
-            value = f"event.c{index}"
-            limit = ttl_of(ttl, feature)
-            if limit is not None:
-                value = f"case when event.observed_at > spine.ts - $ttl{index} then {value} end"
-                parameters[f"ttl{index}"] = limit
-            values.append(value)
-        limits = [ttl_of(ttl, feature) for feature in group]
-        if all(limit is not None for limit in limits):
-            with contextlib.suppress(OverflowError):  # a ttl reaching before year 1: no bound
-                parameters["min_ts"] = earliest - max(limit for limit in limits if limit)
-        # the segments holding rows the join can use: observed by the spine's last time, and
-        # (with ttls) after its first time less the longest ttl
-        until = codec.to_micros(latest)
-        since = codec.to_micros(parameters["min_ts"]) if "min_ts" in parameters else None
-        files: dict[str, list[str]] = {}
-        # the row filters, only where a kept segment holds rows they drop (a filter that keeps
-        # every row still costs the scan a comparison per row)
-        conditions: dict[str, str] = {}
-        for info in held:
-            kept = [
-                s
-                for s in listings[info.table].segments
-                if s.earliest <= until and (since is None or s.latest > since)
-            ]
-            if kept:
-                files[info.table] = [s.path for s in kept]
-            if any(s.latest > until for s in kept):
-                conditions["max_ts"] = "observed_at <= $max_ts"
-            if since is not None and any(s.earliest <= since for s in kept):
-                conditions["min_ts"] = "observed_at > $min_ts"
-        held = [info for info in held if info.table in files]
-        if not held:
-            return {f: pa.nulls(rows, _VALUE_TYPES[kinds[f]][1]) for f in group}
-        for bound in ("max_ts", "min_ts"):
-            if bound not in conditions:
-                parameters.pop(bound, None)
-        where = f"\n    where {' and '.join(conditions.values())}" if conditions else ""
-        for index, info in enumerate(held):
-            parameters[f"files{index}"] = files[info.table]
-        if len(held) == 1:
-            info = held[0]
-            columns = [
-                f"{_quoted(info.columns[feature][0])} as c{i}" for i, feature in enumerate(group)
-            ]
-            ties = listings[info.table].ties
-            events = (_SEGMENTS if ties else _SEGMENTS_PLAIN).format(files="files0")
-        else:  # one feature over several tables: inserted_at orders writes across them
-            feature = group[0]
-            events = (
-                "("
-                + " union all ".join(
-                    f"select key, observed_at, inserted_at, seq, row_number, "
-                    f"{_quoted(info.columns[feature][0])} as c0 "
-                    f"from {_SEGMENTS.format(files=f'files{index}')}"
-                    for index, info in enumerate(held)
-                )
-                + ")"
-            )
-            columns = ["c0"]
-            ties = True
-        sql = _ASOF.format(
-            values=", ".join(values),
-            columns=", ".join(columns),
-            version=_VERSION if ties else "",
-            events=events,
-            where=where,
-            inequality=_TIE_BREAKING if ties else _PLAIN,
-        )
+        sql, parameters = query
         cursor = self._cursor()
         try:
             cursor.register("kairos_spine", spine)
@@ -649,35 +535,11 @@ class DuckDBOfflineStore(OneFeatureWrites):
         position = {**after, **{info.table: listings[info.table].seq for info in held}}
         if after and all(listings[info.table].seq <= after.get(info.table, 0) for info in held):
             return self._nothing(held, features, kinds), position  # a follower's usual answer
-        stored = [f for f in features if f in kinds]
-        branches = []
-        parameters: dict[str, Any] = {}
-        for index, info in enumerate(held):
-            since = after.get(info.table, 0)
-            files = [s.path for s in listings[info.table].segments if s.seq > since]
-            if not files:
-                continue
-            columns = [
-                f"{_quoted(info.columns[f][0])} as c{i}"
-                if f in info.columns
-                else f"cast(null as {_stored_sql(kinds[f])}) as c{i}"
-                for i, f in enumerate(stored)
-            ]
-            parameters[f"files{index}"] = files
-            parameters[f"after{index}"] = since
-            branches.append(
-                f"select key, inserted_at, seq, row_number, {', '.join(columns)} "
-                f"from {_SEGMENTS.format(files=f'files{index}')} where seq > $after{index}"
-            )
-        if not branches:
+        query = latest_rows(features, held, kinds, listings, after)
+        if query is None:
             return self._nothing(held, features, kinds), position
-        selected = ", ".join(f"c{i}" for i in range(len(stored)))
-        order = "key" if not after else "inserted_at, seq, row_number"
-        sql = (
-            f"select key, {selected} from ({' union all '.join(branches)}) "
-            "qualify row_number() over (partition by key order by inserted_at desc, "
-            f"seq desc, row_number desc) = 1 order by {order}"
-        )
+        sql, parameters = query
+        stored = [f for f in features if f in kinds]
         cursor = self._cursor()
         try:
             result = cursor.sql(sql, params=parameters).to_arrow_table()
@@ -720,121 +582,3 @@ def _stored(kind: str, values: pa.Array) -> pa.Array:
     if kind == "timedelta":
         return values.cast(pa.int64())
     return values.cast(_STORED_TYPES[kind])
-
-
-# --- a store from before segments: one DuckDB file ---------------------------------------
-
-
-def _opened_root(path: Path) -> Path:
-    """The store's folder at `path`. An older store, one DuckDB file at `path`, is moved into
-    segments first: exported to `<name>.migrating`, the file renamed to `<name>.old`, the
-    folder renamed into place; a crash at any step leaves the file or the finished folder."""
-    staging = path.with_name(path.name + ".migrating")
-    if path.is_dir() or not (path.exists() or staging.exists()):
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _flock(path.with_name(f".{path.name}.lock")):
-        if path.is_dir():
-            return path  # another process migrated it while this one waited
-        if not path.exists():
-            if (staging / _COMPLETE).exists():
-                os.rename(staging, path)  # a crash after the file was moved away
-                (path / _COMPLETE).unlink()
-            else:
-                shutil.rmtree(staging, ignore_errors=True)
-            return path
-        shutil.rmtree(staging, ignore_errors=True)  # a crash mid-export: export again
-        _export(path, staging)
-        old = path.with_name(path.name + ".old")
-        if old.exists():
-            old = path.with_name(f"{path.name}.old-{time.strftime('%Y%m%dT%H%M%S')}")
-        os.rename(path, old)
-        wal = path.with_name(path.name + ".wal")
-        if wal.exists():
-            os.rename(wal, old.with_name(old.name + ".wal"))
-        os.rename(staging, path)
-        (path / _COMPLETE).unlink()
-    logger.warning("offline store %s moved into Parquet segments; the old file is %s", path, old)
-    return path
-
-
-def _export(path: Path, staging: Path) -> None:
-    """Every table of the DuckDB file at `path` as one segment each in a new store folder."""
-    try:
-        connection = duckdb.connect(str(path), read_only=True)
-    except duckdb.Error as error:
-        raise KairosError(
-            f"cannot open the offline store file {str(path)!r} to move it into segments: "
-            f"{error} (stop the process that holds it, e.g. an older kairos serve)"
-        ) from None
-    layout = Layout(staging)
-    try:
-        connection.execute("set TimeZone = 'UTC'")
-        for order, (table, namespace, key_kind, columns, ties) in enumerate(
-            _old_catalog(connection)
-        ):
-            info = layout.create(TableInfo(table, namespace, key_kind, columns, order))
-            listed = ["key", "observed_at", "inserted_at", "1::bigint as seq"]
-            for column, kind in columns.values():
-                if kind == "timedelta":
-                    listed.append(f"epoch_us({_quoted(column)}) as {_quoted(column)}")
-                else:
-                    listed.append(f"{_quoted(column)}::{_stored_sql(kind)} as {_quoted(column)}")
-            if ties:
-                layout.mark_ties(table)
-            count, earliest, latest = connection.sql(
-                f"select count(*), epoch_us(min(observed_at)), epoch_us(max(observed_at)) "
-                f"from {_quoted(table)}"
-            ).fetchall()[0]
-            if not count:
-                continue
-            reader = connection.sql(
-                f"select {', '.join(listed)} from {_quoted(table)} order by rowid"
-            ).to_arrow_reader(65536)
-            layout.add(info, (1, 1), (int(earliest), int(latest)), reader)
-    except duckdb.Error as error:
-        raise KairosError(f"cannot move the offline store {str(path)!r}: {error}") from None
-    finally:
-        connection.close()
-    (staging / _COMPLETE).touch()
-
-
-def _old_catalog(
-    connection: duckdb.DuckDBPyConnection,
-) -> list[tuple[str, str, str, dict[str, tuple[str, str]], bool]]:
-    """(table, namespace, key kind, feature -> (column, value kind), ties) of each table, from
-    either catalog a DuckDB file had: one table per feature, or per set of features."""
-    present = {
-        str(name)
-        for (name,) in connection.execute(
-            "select table_name from information_schema.tables"
-        ).fetchall()
-    }
-    found: list[tuple[str, str, str, dict[str, tuple[str, str]], bool]] = []
-    if "kairos_offline_features" in present:
-        for namespace, feature, table, kind, key_kind, ties in connection.execute(
-            "select namespace, feature, table_name, value_kind, key_kind, ties "
-            "from kairos_offline_features"
-        ).fetchall():
-            found.append(
-                (
-                    str(table),
-                    str(namespace),
-                    str(key_kind),
-                    {str(feature): ("value", str(kind))},
-                    bool(ties),
-                )
-            )
-    if "kairos_offline_segments" in present:
-        columns: dict[str, dict[str, tuple[str, str]]] = {}
-        for table, feature, column, kind in connection.execute(
-            "select table_name, feature, column_name, value_kind from kairos_offline_columns"
-        ).fetchall():
-            columns.setdefault(str(table), {})[str(feature)] = (str(column), str(kind))
-        for table, namespace, key_kind, ties in connection.execute(
-            "select table_name, namespace, key_kind, ties from kairos_offline_segments"
-        ).fetchall():
-            found.append(
-                (str(table), str(namespace), str(key_kind), columns.get(str(table), {}), bool(ties))
-            )
-    return found
