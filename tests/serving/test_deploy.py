@@ -60,6 +60,7 @@ def test_the_llamacpp_command_runs_kairos_worker() -> None:
         "--host": "127.0.0.1",
         "--port": "8200",
         "--ctx": "512",
+        "--slots": "8",
         "--seed": "0",
         "--graceful": "60.0",
         "--threads": "1",

@@ -48,11 +48,16 @@ def test_gemma_answers_deterministically_at_temperature_zero() -> None:
     assert text.startswith(" Paris")
     assert text == second["choices"][0]["text"]
     assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == text
-    assert chunks[-1]["usage"] == first["usage"]
     assert first["usage"] == {
         "prompt_tokens": counted,
         "completion_tokens": 4,
         "total_tokens": counted + 4,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    # the same prompt again: its KV is still in a slot (all but the last token, evaluated anew)
+    assert chunks[-1]["usage"] == {
+        **first["usage"],
+        "prompt_tokens_details": {"cached_tokens": counted - 1},
     }
     t = first["kairos_timings"]
     assert t["completion_tokens"] == 4 and t["tokens_per_s"] > 0

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kairos.serving import llamacpp
+from kairos.serving import slots
 from kairos.serving.errors import ContextOverflow, EngineNotReady
 from kairos.serving.llamacpp import EngineConfig, Finished, LlamaCppEngine, Piece, Sampling
 from kairos.serving.stops import StopMatcher
@@ -106,7 +106,7 @@ def test_a_job_failing_outside_sampling_ends_with_an_error_and_the_queue_moves_o
             raise ValueError("a stop matcher that cannot be built")
         return real(stops)
 
-    monkeypatch.setattr(llamacpp, "StopMatcher", broken)  # a fault inside the job's thread
+    monkeypatch.setattr(slots, "StopMatcher", broken)  # a fault inside the job's thread
 
     async def run() -> list[Finished]:
         failing = engine.submit(engine.tokenize("Hi"), Sampling(max_tokens=4, stop=("BOOM",)))

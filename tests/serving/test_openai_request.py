@@ -90,7 +90,7 @@ def test_bad_completion_fields_are_named(body: dict[str, Any], param: str) -> No
         ),
         (
             {"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]},
-            "tools",
+            "tools[0]",
         ),
         ([1, 2], "body"),
     ],

@@ -141,6 +141,7 @@ def test_sustained_queueing_grows_to_max_and_idleness_shrinks_back(
         settings = spec(
             slow_model,
             name="slow",
+            slots=1,  # one request per replica: the rest queue, which is what scales it
             replicas=1,
             min_replicas=1,
             max_replicas=2,

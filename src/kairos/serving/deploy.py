@@ -58,6 +58,7 @@ class DeploymentSpec:
     port_base: int | None = None  # replica i listens on port_base + i; None: free ports
     ctx: int = 2048  # context length (vllm: --max-model-len)
     threads: int | None = None  # llamacpp: CPU threads per replica
+    slots: int = 8  # llamacpp: requests each replica decodes together (continuous batching)
     # llamacpp: the cores each replica's process runs on; replica i gets cpus[i % len(cpus)]
     # (e.g. ((0,), (1,)): one core each); (): wherever the OS puts it
     cpus: tuple[tuple[int, ...], ...] = ()
@@ -110,6 +111,8 @@ class DeploymentSpec:
             )
         if self.ctx < 16:
             raise InvalidInput(f"ctx={self.ctx} is too small: use at least 16", field="ctx")
+        if self.slots < 1:
+            raise InvalidInput(f"slots={self.slots} must be at least 1", field="slots")
 
     @property
     def lowest(self) -> int:
@@ -147,6 +150,7 @@ def engine_command(
         "--host", spec.host,
         "--port", str(port),
         "--ctx", str(spec.ctx),
+        "--slots", str(spec.slots),
         "--seed", str(spec.seed),
         "--graceful", str(spec.drain_timeout),
     ]  # fmt: skip

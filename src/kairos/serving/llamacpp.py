@@ -1,10 +1,13 @@
-"""One llama.cpp model in process, behind a strict FIFO queue: one generation at a time.
+"""One llama.cpp model in process with `slots` sequences decoded together (continuous batching).
 
-Requests wait in arrival order and each runs to its end (or its own cancellation); none ever
-cuts off another. Generation runs on one dedicated thread so the event loop keeps serving
-(`/health`, `/metrics`, new arrivals) while tokens are produced.
+Up to `slots` requests generate at once, each in its own slot (`kairos.serving.slots`): a
+request joins the running batch at the next decode step and leaves when it ends. Requests
+beyond that wait in a strict FIFO queue; each runs to its end (or its own cancellation) and
+none ever cuts off another. With `slots=1` it is one generation at a time, in arrival order.
+Decoding runs on one dedicated thread so the event loop keeps serving (`/health`, `/metrics`,
+new arrivals) while tokens are produced.
 
-    engine = LlamaCppEngine(EngineConfig(model_path="tiny.gguf", n_ctx=512))
+    engine = LlamaCppEngine(EngineConfig(model_path="tiny.gguf", n_ctx=512, slots=4))
     engine.load()                                   # blocking: call it off the event loop
     job = engine.submit(engine.tokenize("Hello"), Sampling(max_tokens=8))
     async for event in job.events(): ...            # Piece(text) ..., then Finished(...)
@@ -13,7 +16,6 @@ cuts off another. Generation runs on one dedicated thread so the event loop keep
 from __future__ import annotations
 
 import asyncio
-import codecs
 import collections
 import contextlib
 import importlib
@@ -22,13 +24,12 @@ import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kairos.serving.errors import ContextOverflow, EngineNotReady, LLMRequestError
-from kairos.serving.stops import StopMatcher
+from kairos.serving.slots import SlotHooks, SlotLoop
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,7 @@ class EngineConfig:
     # llama.cpp's extra weight buffers (repacking, AMX). None: on, except where the build uses
     # AMX, whose mat-mul crashes on Gemma 3's Q4_K weights (ggml_backend_amx_mul_mat SIGSEGV)
     extra_buffers: bool | None = None
+    slots: int = 1  # requests decoded together; each gets n_ctx tokens of its own KV
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,7 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    grammar: str | None = None  # GBNF (root rule `root`) every token must follow
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,7 @@ class Timings:
     tokens_per_s: float  # decode rate: tokens after the first / decode time
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV a slot already held (prefix reuse)
 
     def as_dict(self) -> dict[str, float | int]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -107,6 +111,7 @@ class Job:
     state: str = "queued"  # then "running", then "done"
     _cancel: threading.Event = field(default_factory=threading.Event)
     _on_cancel: Callable[[Job], None] | None = None
+    _loop: asyncio.AbstractEventLoop | None = None  # where its events go
     _queue: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
 
     def cancel(self) -> None:
@@ -138,9 +143,11 @@ class EngineObserver:
 
 
 class LlamaCppEngine:
-    """A loaded GGUF model and its FIFO queue. Thread-safe to submit from the event loop."""
+    """A loaded GGUF model, its slots and its FIFO queue. Submit from the event loop."""
 
     def __init__(self, config: EngineConfig, observer: EngineObserver | None = None) -> None:
+        if config.slots < 1:
+            raise ValueError(f"slots must be at least 1, not {config.slots!r}")
         self.config = config
         self.observer = observer or EngineObserver()
         self._llama: Any = None
@@ -149,9 +156,10 @@ class LlamaCppEngine:
         self.load_error: str | None = None
         self._pending: collections.deque[Job] = collections.deque()  # queued, oldest first
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
+        self._slots: SlotLoop | None = None
+        self._thread: threading.Thread | None = None
         self._rng = random.Random(config.seed)
-        self._current: Job | None = None
+        self._running: set[Job] = set()
         self.waiting = 0
         self.running = 0
 
@@ -169,6 +177,10 @@ class LlamaCppEngine:
     def n_vocab(self) -> int:
         return int(self._ready().n_vocab())
 
+    @property
+    def slots(self) -> int:
+        return self.config.slots
+
     def load(self) -> None:
         """Load the model (seconds for a real one); raises EngineNotReady naming the cause."""
         path = Path(self.config.model_path)
@@ -182,10 +194,12 @@ class LlamaCppEngine:
                 "llama-cpp-python is not installed: pip install 'kairos-inference[llm]'"
             )
             raise EngineNotReady(self.load_error) from None
+        n_batch = min(self.config.n_batch, self.config.n_ctx)
         kwargs: dict[str, Any] = {
             "model_path": str(path),
-            "n_ctx": self.config.n_ctx,
-            "n_batch": min(self.config.n_batch, self.config.n_ctx),
+            # Llama's own context only tokenizes: the slots' context below holds the KV
+            "n_ctx": 16,
+            "n_batch": 16,
             "seed": self.config.seed,
             "verbose": False,
         }
@@ -195,20 +209,56 @@ class LlamaCppEngine:
         try:
             with model_params(extra_buffers(llama_cpp, self.config.extra_buffers)):
                 llama = llama_cpp.Llama(**kwargs)
+            slots = SlotLoop(
+                llama_cpp,
+                llama.model,
+                self._context_params(llama_cpp, llama, n_batch),
+                slots=self.config.slots,
+                n_batch=n_batch,
+                hooks=SlotHooks(
+                    started=self._on_started,
+                    piece=self._on_piece,
+                    ended=self._on_ended,
+                    detokenize=lambda tokens: bytes(llama.detokenize(list(tokens))),
+                    is_eog=lambda token: self._eog(token),
+                ),
+            )
         except (ValueError, RuntimeError) as error:
             self.load_error = f"llama.cpp cannot load {str(path)!r}: {error}"
             raise EngineNotReady(self.load_error) from None
         vocab = llama_cpp.llama_model_get_vocab(llama.model)
         self._eog = lambda token: bool(llama_cpp.llama_vocab_is_eog(vocab, token))
         self._chat = _chat_formatter(llama, self.config.chat_format)
+        self._slots = slots
+        self._thread = threading.Thread(target=slots.run, name="llama-slots", daemon=True)
+        self._thread.start()
         self._llama = llama
 
+    def _context_params(self, llama_cpp: Any, llama: Any, n_batch: int) -> Any:
+        """Llama's own settings (threads, KV types...), sized for `slots` sequences that each
+        hold `n_ctx` tokens (llama.cpp splits a non-unified KV cache evenly between them)."""
+        params = type(llama.context_params).from_buffer_copy(llama.context_params)
+        params.n_ctx = self.config.n_ctx * self.config.slots
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = self.config.slots
+        params.kv_unified = False
+        # flash attention (where the model allows it): a prompt evaluated in pieces, as prefix
+        # reuse does, then gives bit-identical logits to one evaluated whole; without it the
+        # logits moved by up to 0.7 and greedy answers changed on a repeated prompt
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+        return params
+
     def close(self) -> None:
-        """Stop: the running generation is cancelled (after its current token), then freed."""
-        if self._current is not None:
-            self._current.cancel()
+        """Stop: running generations are cancelled (after their current token), then freed."""
+        for job in list(self._running):
+            job.cancel()
         self._pending.clear()
-        self._thread.shutdown(wait=True, cancel_futures=True)
+        if self._slots is not None:
+            self._slots.stop()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread, self._slots = None, None
         if self._llama is not None:
             self._llama.close()
             self._llama = None
@@ -254,11 +304,14 @@ class LlamaCppEngine:
     # -- the queue -------------------------------------------------------------------------
 
     def submit(self, prompt: Sequence[int], sampling: Sampling) -> Job:
-        """Queue a generation behind every earlier one; must be called on the event loop."""
+        """Start a generation in a free slot, else queue it behind every earlier one; must be
+        called on the event loop."""
         self._ready()
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # first use, or a new event loop: the old one's jobs are gone
-            self._loop, self._pending, self._current = loop, collections.deque(), None
+            for job in list(self._running):
+                job.cancel()
+            self._loop, self._pending, self._running = loop, collections.deque(), set()
             self.running = 0
         # without a seed each request draws one from the engine's seeded generator, so answers
         # vary between requests yet a worker's sequence is reproducible
@@ -271,124 +324,71 @@ class LlamaCppEngine:
         return job
 
     def _dispatch(self) -> None:
-        """Start the oldest queued job when none runs; on the event loop. It starts here, in
-        `submit` or as the previous job ends, not a loop iteration later in a consumer task:
-        that hop was TTFT the request paid on top of llama.cpp (bench/llm_path.py)."""
-        loop = self._loop
-        if self._current is not None or loop is None:
+        """Hand the oldest queued jobs to free slots; on the event loop. A job starts here, in
+        `submit` or as another ends, not a loop iteration later in a consumer task: that hop
+        was TTFT the request paid on top of llama.cpp (bench/llm_path.py)."""
+        slots = self._slots
+        if slots is None or self._loop is None:
             return
-        while self._pending:
+        while self._pending and self.running < self.config.slots:
             job = self._pending.popleft()
             if job.state != "queued":  # cancelled while it waited: already accounted for
                 continue
             job.state = "running"
+            job._loop = self._loop
             self.waiting -= 1
             self.observer.queued(self.waiting)
             self.running += 1
-            self._current = job
-            try:
-                loop.run_in_executor(self._thread, self._generate, job, loop)
-            except RuntimeError:  # closed: the executor takes no more work
-                self._ended(job, _cancelled(job))
-            return
-
-    def _ended(self, job: Job, event: Finished) -> None:
-        """A running job's last event (on the loop): the next one starts at once."""
-        self.running -= 1
-        if self._current is job:
-            self._current = None
-        job.state = "done"
-        self._finish(job, event)
-        self._dispatch()
+            self._running.add(job)
+            slots.admit(job)
 
     def _drop(self, job: Job) -> None:
-        """A queued job's client left: take it out of the count now; the consumer skips it."""
+        """A client left: a queued job leaves the count now (the consumer skips it); a running
+        one is noticed by the slots at their next step."""
         if job.state == "queued":
             job.state = "done"
             self.waiting -= 1
             self.observer.queued(self.waiting)
             self._finish(job, _cancelled(job))
+        elif job.state == "running" and self._slots is not None:
+            self._slots.poke()
 
     def _finish(self, job: Job, event: Finished) -> None:
         self.observer.finished(job, event)
         job._queue.put_nowait(event)
 
-    def _generate(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
-        """Runs on the generation thread: sample tokens and hand each piece to the loop. A job
-        ends with an event whatever fails, or the queue behind it would wait forever."""
-        try:
-            self._sample(job, loop)
-        except Exception as failure:  # outside the sampling loop's own handling
-            event = _failed(job, f"llama.cpp failed while generating: {failure}")
-            loop.call_soon_threadsafe(self._ended, job, event)
+    # -- hooks from the generation thread: each hops onto the job's event loop ---------------
 
-    def _sample(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
-        started = time.perf_counter()
-        loop.call_soon_threadsafe(self.observer.started, job, started - job.arrived)
-        llama, sampling = self._llama, job.sampling
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stops = StopMatcher(sampling.stop)
-        first: float | None = None
-        count, reason, error = 0, "length", None
-        try:  # whatever fails, the job ends with an event and the queue moves on
-            llama.set_seed(sampling.seed if sampling.seed is not None else job.seed)
-            tokens = llama.generate(
-                list(job.prompt),
-                top_k=sampling.top_k,
-                top_p=sampling.top_p,
-                min_p=sampling.min_p,
-                temp=sampling.temperature,
-                repeat_penalty=sampling.repeat_penalty,
-                frequency_penalty=sampling.frequency_penalty,
-                presence_penalty=sampling.presence_penalty,
-                reset=True,
-            )
-            for token in tokens:
-                if first is None:
-                    first = time.perf_counter()
-                count += 1
-                if job.cancelled:
-                    reason = "cancelled"
-                    break
-                if self._eog(token) and not sampling.ignore_eos:
-                    reason = "stop"
-                    break
-                text = decoder.decode(bytes(llama.detokenize([token])))
-                piece, stopped = stops.feed(text)
-                if piece:
-                    loop.call_soon_threadsafe(job._queue.put_nowait, Piece(piece))
-                if stopped:
-                    reason = "stop"
-                    break
-                if count >= sampling.max_tokens:
-                    break
-            with contextlib.suppress(Exception):
-                tokens.close()
-        except Exception as failure:
-            reason, error = "error", f"llama.cpp failed while generating: {failure}"
-        if reason != "cancelled":
-            rest = stops.flush() if reason != "stop" else ""
-            if rest:
-                loop.call_soon_threadsafe(job._queue.put_nowait, Piece(rest))
-        done = time.perf_counter()
-        first = first or done
-        decode_s = done - first
-        timings = Timings(
-            queue_ms=(started - job.arrived) * 1e3,
-            prefill_ms=(first - started) * 1e3,
-            ttft_ms=(first - job.arrived) * 1e3,
-            decode_ms=decode_s * 1e3,
-            total_ms=(done - job.arrived) * 1e3,
-            tokens_per_s=(count - 1) / decode_s if count > 1 and decode_s > 0 else 0.0,
-            prompt_tokens=len(job.prompt),
-            completion_tokens=count,
-        )
-        loop.call_soon_threadsafe(self._ended, job, Finished(reason, timings, error))
+    def _on_started(self, job: Job, started: float) -> None:
+        _call(job, self.observer.started, job, started - job.arrived)
+
+    def _on_piece(self, job: Job, text: str) -> None:
+        _call(job, job._queue.put_nowait, Piece(text))
+
+    def _on_ended(self, job: Job, reason: str, counters: dict[str, Any], error: str | None) -> None:
+        _call(job, self._ended, job, Finished(reason, _timings(job, counters), error))
+
+    def _ended(self, job: Job, event: Finished) -> None:
+        """A running job's last event (on the loop): a queued one takes its slot at once."""
+        if job not in self._running:  # a job of an event loop since replaced
+            return
+        self._running.discard(job)
+        self.running -= 1
+        job.state = "done"
+        self._finish(job, event)
+        self._dispatch()
 
     def _ready(self) -> Any:
         if self._llama is None:
             raise EngineNotReady(self.load_error or "the model is still loading; retry shortly")
         return self._llama
+
+
+def _call(job: Job, callback: Callable[..., Any], *args: Any) -> None:
+    loop = job._loop
+    if loop is not None:
+        with contextlib.suppress(RuntimeError):  # its event loop is closed: nobody listens
+            loop.call_soon_threadsafe(callback, *args)
 
 
 _PARAMS_LOCK = threading.Lock()
@@ -430,10 +430,24 @@ def _cancelled(job: Job) -> Finished:
     return Finished("cancelled", Timings(waited, 0.0, 0.0, 0.0, waited, 0.0, len(job.prompt), 0))
 
 
-def _failed(job: Job, error: str) -> Finished:
-    waited = (time.perf_counter() - job.arrived) * 1e3
-    timings = Timings(waited, 0.0, 0.0, 0.0, waited, 0.0, len(job.prompt), 0)
-    return Finished("error", timings, error)
+def _timings(job: Job, counters: dict[str, Any]) -> Timings:
+    started = counters.get("started")
+    if started is None:  # it never reached a slot
+        waited = (time.perf_counter() - job.arrived) * 1e3
+        return Timings(waited, 0.0, 0.0, 0.0, waited, 0.0, len(job.prompt), 0)
+    first, done, count = counters["first"], counters["done"], counters["count"]
+    decode_s = done - first
+    return Timings(
+        queue_ms=(started - job.arrived) * 1e3,
+        prefill_ms=(first - started) * 1e3,
+        ttft_ms=(first - job.arrived) * 1e3,
+        decode_ms=decode_s * 1e3,
+        total_ms=(done - job.arrived) * 1e3,
+        tokens_per_s=(count - 1) / decode_s if count > 1 and decode_s > 0 else 0.0,
+        prompt_tokens=len(job.prompt),
+        completion_tokens=count,
+        cached_tokens=counters["cached_tokens"],
+    )
 
 
 def _chat_formatter(llama: Any, chat_format: str | None) -> Callable[..., Any]:

@@ -2,17 +2,20 @@
 
 Fields the worker does not act on (`user`, `logit_bias` when empty, `response_format` text...)
 are accepted and ignored, as OpenAI-compatible servers do; fields that would change the answer
-and are not supported (`n` > 1, `logprobs`, `tools`) are refused by name.
+and are not supported (`n` > 1, `logprobs`) are refused by name. `response_format` json_schema
+and json_object, and chat `tools`, become a grammar (`kairos.serving.structured`, `.tools`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kairos.serving.errors import LLMRequestError
 from kairos.serving.llamacpp import Sampling
+from kairos.serving.structured import json_object_grammar, schema_grammar
+from kairos.serving.tools import ToolPlan, tool_plan
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -26,6 +29,7 @@ class CompletionRequest:
     max_tokens_given: bool
     stream: bool
     include_usage: bool
+    tools: ToolPlan | None = None
 
     @property
     def chat(self) -> bool:
@@ -59,8 +63,21 @@ def chat_request(body: Any) -> CompletionRequest:
             param="messages",
         )
     parsed = tuple(_message(m, i) for i, m in enumerate(messages))
-    _refuse(body, "tools", "functions", "tool_choice", "top_logprobs")
-    return _request(body, prompt=None, messages=parsed, default_max=None)
+    _refuse(body, "functions", "function_call", "top_logprobs")
+    plan = tool_plan(body)
+    request = _request(body, prompt=None, messages=parsed, default_max=None)
+    if plan is None:
+        if any(m["role"] == "tool" or m.get("tool_calls") for m in parsed):
+            plan = ToolPlan((), "none", False)  # only to render the earlier tool turns
+        else:
+            return request
+    if plan.grammar() is not None and request.sampling.grammar is not None:
+        raise LLMRequestError(
+            "send either tools (with tool_choice other than none) or response_format, not both",
+            param="response_format",
+        )
+    grammar = plan.grammar() or request.sampling.grammar
+    return replace(request, tools=plan, sampling=replace(request.sampling, grammar=grammar))
 
 
 def tokenize_request(body: Any) -> tuple[str | None, str | None, tuple[dict[str, Any], ...] | None]:
@@ -113,6 +130,7 @@ def _request(
         seed=_optional(body, "seed", int),
         stop=_stops(body.get("stop")),
         ignore_eos=_optional(body, "ignore_eos", bool) or False,
+        grammar=_response_format(body.get("response_format")),
     )
     return CompletionRequest(
         model=_optional(body, "model", str),
@@ -122,6 +140,29 @@ def _request(
         max_tokens_given=max_tokens is not None,
         stream=stream,
         include_usage=include_usage,
+    )
+
+
+def _response_format(value: Any) -> str | None:
+    """GBNF for `response_format`: json_schema and json_object are enforced, text is none."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_object_grammar()
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise LLMRequestError(
+                'response_format.json_schema must be {"name": ..., "schema": {...}}',
+                param="response_format.json_schema",
+            )
+        return schema_grammar(spec["schema"])
+    raise LLMRequestError(
+        'response_format must be {"type": "text" | "json_object" | "json_schema", ...}',
+        param="response_format",
     )
 
 
@@ -138,6 +179,12 @@ def _message(message: Any, index: int) -> dict[str, Any]:
             f'{where} must be an object like {{"role": "user", "content": "Hi"}}', param=where
         )
     content = message.get("content")
+    role = message["role"]
+    if role == "assistant" and message.get("tool_calls"):
+        calls = message["tool_calls"]
+        if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+            raise LLMRequestError(f"{where}.tool_calls must be a list of calls", param=where)
+        return {"role": role, "content": content or "", "tool_calls": calls}
     if isinstance(content, list):  # the parts form: keep the text parts, refuse the rest
         texts = []
         for part in content:
@@ -150,7 +197,15 @@ def _message(message: Any, index: int) -> dict[str, Any]:
         content = "".join(texts)
     if not isinstance(content, str):
         raise LLMRequestError(f"{where}.content must be a string", param=f"{where}.content")
-    return {"role": message["role"], "content": content}
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str):
+            raise LLMRequestError(
+                f"{where}: a tool message needs the tool_call_id it answers", param=where
+            )
+        return {"role": role, "content": content, "tool_call_id": call_id,
+                "name": message.get("name")}  # fmt: skip
+    return {"role": role, "content": content}
 
 
 def _stops(value: Any) -> tuple[str, ...]:

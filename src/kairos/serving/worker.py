@@ -49,6 +49,7 @@ from kairos.serving.openai_request import (
     completion_request,
     tokenize_request,
 )
+from kairos.serving.tools import ToolCallStream, ToolPlan
 from kairos.telemetry import ServerSpans, from_environment
 
 
@@ -169,7 +170,8 @@ class Worker:
         except (LLMRequestError, EngineNotReady) as error:
             return _error(error)
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
-        shape = _Shape(chat=chat, model=self.name, include_usage=parsed.include_usage)
+        shape = _Shape(chat=chat, model=self.name, include_usage=parsed.include_usage,
+                       tools=parsed.tools)  # fmt: skip
         if parsed.stream:
             return StreamingResponse(
                 _sse(job, watcher, shape),
@@ -194,7 +196,10 @@ class Worker:
     def _submit(self, parsed: CompletionRequest) -> Job:
         engine, sampling = self.engine, parsed.sampling
         if parsed.messages is not None:
-            prompt, field_name = engine.chat_prompt(parsed.messages), "messages"
+            messages = list(parsed.messages)
+            if parsed.tools is not None:
+                messages = parsed.tools.render(messages)
+            prompt, field_name = engine.chat_prompt(messages), "messages"
         elif isinstance(parsed.prompt, tuple):
             prompt, field_name = list(parsed.prompt), "prompt"
             bad = [t for t in prompt if not 0 <= t < engine.n_vocab]
@@ -224,6 +229,7 @@ class _Shape:
     chat: bool
     model: str
     include_usage: bool
+    tools: ToolPlan | None = None
     id: str = ""
     created: int = 0
 
@@ -236,25 +242,40 @@ class _Shape:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def whole(self, text: str, finished: Finished) -> dict[str, Any]:
+        calls: list[dict[str, Any]] = []
         if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
-                                                               "content": text}}  # fmt: skip
+            content: str | None = text
+            if self.tools is not None and finished.finish_reason == "stop":
+                content, calls = self.tools.parse(text)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = calls
+            choice: dict[str, Any] = {"index": 0, "message": message}
         else:
             choice = {"index": 0, "text": text, "logprobs": None}
-        choice["finish_reason"] = _reason(finished)
+        choice["finish_reason"] = "tool_calls" if calls else _reason(finished)
         body = self._head("chat.completion" if self.chat else "text_completion")
         body["choices"] = [choice]
         body["usage"] = _usage(finished)
         body["kairos_timings"] = finished.timings.as_dict()
         return body
 
-    def chunk(self, text: str | None, finish: Finished | None = None) -> dict[str, Any]:
+    def chunk(
+        self,
+        text: str | None,
+        finish: Finished | None = None,
+        *,
+        calls: list[dict[str, Any]] | None = None,
+        reason: str | None = None,
+    ) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {} if text is None else {"content": text}
+            if calls:
+                delta = {"tool_calls": calls}
             choice: dict[str, Any] = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None}
-        choice["finish_reason"] = _reason(finish) if finish else None
+        choice["finish_reason"] = reason or (_reason(finish) if finish else None)
         body = self._head("chat.completion.chunk" if self.chat else "text_completion")
         body["choices"] = [choice]
         if self.include_usage:
@@ -277,21 +298,52 @@ async def _sse(job: Job, watcher: asyncio.Task[None], shape: _Shape) -> AsyncIte
             role = shape.chunk(None)
             role["choices"][0]["delta"] = {"role": "assistant", "content": ""}
             yield _event(role)
+        calls = _CallSplitter(shape.tools) if shape.chat and shape.tools else None
         async for event in job.events():
             if isinstance(event, Piece):
-                yield _event(shape.chunk(event.text))
+                if calls is None:
+                    yield _event(shape.chunk(event.text))
+                    continue
+                text, deltas = calls.feed(event.text)
+                if text:
+                    yield _event(shape.chunk(text))
+                if deltas:
+                    yield _event(shape.chunk(None, calls=deltas))
                 continue
             if event.error:
                 yield _event({"error": {"message": event.error, "type": "server_error",
                                         "param": None, "code": "engine_failed"}})  # fmt: skip
             elif event.finish_reason != "cancelled":
-                yield _event(shape.chunk(None, event))
+                called = calls is not None and calls.called and event.finish_reason == "stop"
+                yield _event(shape.chunk(None, event, reason="tool_calls" if called else None))
                 if shape.include_usage:
                     yield _event(shape.usage_chunk(event))
         yield b"data: [DONE]\n\n"
     finally:
         job.cancel()  # a no-op when it finished; stops it when the client went away
         watcher.cancel()
+
+
+class _CallSplitter:
+    """A streamed turn that may be tool calls: content pieces pass as they are, a turn that
+    opens with "{" (only calls may) becomes `tool_calls` deltas."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self._stream: ToolCallStream | None = None
+        self._mode = "text" if plan.choice == "none" else "undecided"
+
+    @property
+    def called(self) -> bool:
+        return self._mode == "calls"
+
+    def feed(self, piece: str) -> tuple[str, list[dict[str, Any]]]:
+        if self._mode == "undecided" and piece:
+            self._mode = "calls" if piece.startswith("{") else "text"
+            if self._mode == "calls":
+                self._stream = ToolCallStream()
+        if self._stream is not None:
+            return "", self._stream.feed(piece)
+        return piece, []
 
 
 async def _cancel_on_disconnect(request: Request, job: Job) -> None:
@@ -309,12 +361,13 @@ def _reason(finished: Finished | None) -> str | None:
     return "length" if finished.finish_reason == "length" else "stop"
 
 
-def _usage(finished: Finished) -> dict[str, int]:
+def _usage(finished: Finished) -> dict[str, Any]:
     t = finished.timings
     return {
         "prompt_tokens": t.prompt_tokens,
         "completion_tokens": t.completion_tokens,
         "total_tokens": t.prompt_tokens + t.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": t.cached_tokens},
     }
 
 
@@ -371,6 +424,9 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
     parser.add_argument("--cpus", type=cores_argument, default=(), metavar="N[,N...]",
                         help="run every thread (llama.cpp's too) on these cores")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--slots", type=_slots_argument, default=8,
+                        help="requests decoded together (continuous batching); 1: one at a "
+                             "time in arrival order")  # fmt: skip
     parser.add_argument("--chat-format", help="a llama-cpp chat format instead of the GGUF's")
     parser.add_argument("--parent-pid", type=int, help="exit when this process is gone")
     parser.add_argument("--graceful", type=float, default=30.0, help="seconds to finish on stop")
@@ -381,6 +437,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
         n_threads=args.threads,
         seed=args.seed,
         chat_format=args.chat_format,
+        slots=args.slots,
     )
     return WorkerConfig(
         engine=engine,
@@ -391,6 +448,12 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
         graceful_s=args.graceful,
         cpus=args.cpus,
     )
+
+
+def _slots_argument(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--slots must be a whole number >= 1, not {text!r}")
+    return int(text)
 
 
 def pin(cores: Sequence[int]) -> None:
