@@ -15,7 +15,7 @@ from threadpoolctl import ThreadpoolController
 
 import kairos as kr
 from kairos import Features, _, features, online
-from kairos.engine import execution
+from kairos.engine import resolving
 from kairos.models import ArtifactVolume, ModelStore, model_registry_from_url
 from kairos.project.config import Config, ModelsConfig
 
@@ -138,7 +138,7 @@ def test_a_load_past_the_prepare_limit_is_left_to_the_calls_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a load that hangs does not hang the query: past the limit the call's 300 ms runs
-    monkeypatch.setattr(execution, "PREPARE_LIMIT", timedelta(milliseconds=100))
+    monkeypatch.setattr(resolving, "PREPARE_LIMIT", timedelta(milliseconds=100))
     with kr.Client(definitions=[Slow, slow_inputs], config=config(tmp_path)) as client:
         client.models.register("slow", SlowToLoad(), inputs=["a", "b"])
     with kr.Client(definitions=[Slow, slow_inputs], config=config(tmp_path)) as client:

@@ -62,7 +62,7 @@ from kairos.project.modules import Project
 from kairos.project.offline import Datasets, OfflineResult, Progress, Recompute, offline_query
 from kairos.project.snapshot import FeatureNames, OfflineHistory, Snapshot, plan_with
 from kairos.project.vectors import VectorFeatures
-from kairos.resolvers.calls import CALLS, Calls
+from kairos.resolvers.calls import Calls
 from kairos.resolvers.llm import EmbeddingResolver, llm_resolvers
 from kairos.resolvers.model import ModelResolver
 from kairos.resolvers.nearest import nearest_resolvers
@@ -690,12 +690,8 @@ class Client:
             where=lambda row, name: f"input {name!r}" + (f" (row {row})" if rows > 1 else ""),
         )
         limits = self._staleness(staleness)
-        calls = Calls()
-        token = CALLS.set(calls)  # model and LLM resolvers report what they were given here
-        try:
-            outcome = await runtime.engine.run(plan, columns, rows, when, limits)
-        finally:
-            CALLS.reset(token)
+        outcome = await runtime.engine.run(plan, columns, rows, when, limits)
+        calls = outcome.calls  # the model and LLM calls the run made, for the decision record
         total = (time.perf_counter() - started) * 1000
         trace = [*outcome.trace, NodeTiming(None, "query", "total", 0.0, total, rows, "ok")]
         meta = QueryMeta(
@@ -705,7 +701,7 @@ class Client:
             rows,
             outcome.cache_hits,
             outcome.computed,
-            tuple(whole_path(call, started, total, full=False) for call in calls.llm),
+            tuple(whole_path(call.record(), started, total, full=False) for call in calls.llm),
         )
         result = BulkResult(outcome.columns, meta, trace, self.name)
         writer = runtime.offline.writer

@@ -38,7 +38,7 @@ from kairos.errors import InvalidInput
 from kairos.planner.plan import Plan
 from kairos.project.decisions import DecisionLog
 from kairos.project.snapshot import Snapshot, plan_with
-from kairos.resolvers.calls import CALLS, Calls
+from kairos.resolvers.calls import Calls
 from kairos.resolvers.llm import Completer, CompletionResolver, completion_resolver
 from kairos.resolvers.model import ModelResolver
 from kairos.stores.query_log import LoggedQuery, QueryLog, collector_paused
@@ -539,10 +539,9 @@ async def _compare(
                     )
                 )
         for call in calls.llm:
-            row = call.get("row")
-            if row is not None:
-                call = {k: v for k, v in call.items() if k != "sent_at"}
-                llm.setdefault(chunk[row].query_id, []).append(call)
+            if call.row is not None:
+                kept = {k: v for k, v in call.record().items() if k != "sent_at"}
+                llm.setdefault(chunk[call.row].query_id, []).append(kept)
         await asyncio.sleep(0)  # a server's queries run between chunks
 
 
@@ -590,15 +589,8 @@ async def _run(
     """One bulk run of the engine: each record a row, at its own `now`, from its values."""
     columns = {name: [_logged(record, name) for record in records] for name in plan.inputs}
     nows = [record.now for record in records]
-    calls = Calls()
-    token = CALLS.set(calls)
-    try:
-        outcome = await runtime.engine.run(
-            plan, columns, len(records), max(nows), {}, row_times=nows
-        )
-    finally:
-        CALLS.reset(token)
-    return outcome.values, calls
+    outcome = await runtime.engine.run(plan, columns, len(records), max(nows), {}, row_times=nows)
+    return outcome.values, outcome.calls
 
 
 def _logged(record: LoggedQuery, name: str) -> Any:

@@ -11,8 +11,6 @@ A run has four steps:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Hashable
@@ -23,12 +21,13 @@ from typing import Any
 
 from kairos import telemetry
 from kairos.definitions.binding import BoundExpression
-from kairos.definitions.feature import ref_of
 from kairos.definitions.graph import Graph
 from kairos.definitions.types import DataFrame, ValueType
 from kairos.engine.evaluate import Compiled, compile_expression
+from kairos.engine.resolving import call_resolver, values_by_name
 from kairos.engine.result import ColumnData, FeatureError, NodeTiming
 from kairos.engine.rows import Selection, compile_selection, normalize_rows, select_rows
+from kairos.engine.scheduling import run_in_order
 from kairos.engine.tracing import traced_node, traced_store
 from kairos.engine.values import check
 from kairos.engine.windows import WindowIndex, Windows
@@ -43,7 +42,7 @@ from kairos.planner.plan import (
     ResolverNode,
     WindowNode,
 )
-from kairos.resolvers.calls import computing
+from kairos.resolvers.calls import Calls
 from kairos.resolvers.raised import resolver_failure
 from kairos.resolvers.registry import BoundInput
 from kairos.stores.online import OnlineStore, StoredValue, StoreKey
@@ -52,8 +51,6 @@ ZERO = timedelta(0)
 ANY = ValueType("any", True)
 # How far ahead of the wall clock a query's `now` may be and still write the cache.
 FUTURE_SKEW = timedelta(seconds=5)
-# how long a query waits for a model's first load before the call's own timeout runs
-PREPARE_LIMIT = timedelta(minutes=2)
 logger = logging.getLogger(__name__)
 
 
@@ -68,6 +65,8 @@ class RunOutcome:
     # every column the run read or produced (inputs, cache reads, intermediates, outputs):
     # what the decision record keeps
     values: dict[str, ColumnData]
+    # every model and LLM call the run made, pinned to the rows it computed
+    calls: Calls
 
 
 class Engine:
@@ -134,6 +133,7 @@ class Engine:
             run.computed,
             run.observed,
             run.cols,
+            run.calls,
         )
 
 
@@ -164,6 +164,7 @@ class _Run:
         self.computed = 0
         self.fresh: list[tuple[StoreKey, StoredValue]] = []
         self.observed: list[tuple[Any, ...]] = []
+        self.calls = Calls()
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -313,59 +314,9 @@ class _Run:
     # --- 3. execute ---------------------------------------------------------------------
 
     async def execute(self, nodes: list[PlanNode]) -> None:
-        """Run every node once the nodes it reads from are done. A node that only computes
-        (an expression, a default, a relation's copy) with nothing to read from the store
-        runs inline, as the one before it finishes; resolvers and index reads run as tasks,
-        concurrently. Each node still has its own line in the trace."""
-        order = {node.id: at for at, node in enumerate(nodes)}  # topological
-        waiting = {node.id: {i for i in node.after if i in order} for node in nodes}
-        dependents: dict[int, list[PlanNode]] = {}
-        for node in nodes:
-            for before in waiting[node.id]:
-                dependents.setdefault(before, []).append(node)
-        ready = [node for node in nodes if not waiting[node.id]]
-        running: dict[asyncio.Task[None], PlanNode] = {}
-
-        def finished(node: PlanNode) -> None:
-            for after in dependents.get(node.id, ()):
-                waiting[after.id].discard(node.id)
-                if not waiting[after.id]:
-                    ready.append(after)
-
-        try:
-            while ready or running:
-                ready.sort(key=lambda n: order[n.id])
-                batch, ready[:] = list(ready), []
-                inline: list[PlanNode] = []
-                for node in batch:
-                    if self.runs_inline(node):
-                        inline.append(node)
-                    else:
-                        running[asyncio.ensure_future(self.run_node(node))] = node
-                if inline and len(inline) < len(batch):
-                    await asyncio.sleep(0)  # the new tasks start their I/O first
-                for node in inline:
-                    await self.run_node(node)  # does not suspend: no store read, no I/O
-                    finished(node)
-                if ready or not running:
-                    continue
-                if len(running) == 1:  # the usual case: awaited directly, no waiter set up
-                    (only,) = running
-                    await only
-                    done = {only}
-                else:
-                    done, _pending = await asyncio.wait(
-                        running, return_when=asyncio.FIRST_COMPLETED
-                    )
-                for task in sorted(done, key=lambda t: order[running[t].id]):
-                    task.result()  # a bug in a node (not a failed resolver) fails the query
-                    finished(running.pop(task))
-        finally:
-            for task in running:  # nothing is left running if one node blew up
-                # another node may fail too (one store down), even as it is cancelled: the
-                # query's failure is the first one, the others are seen and not logged
-                task.add_done_callback(_seen)
-                task.cancel()
+        """Run every node once the nodes it reads from are done (see `run_in_order`); each
+        has its own line in the trace."""
+        await run_in_order(nodes, self.runs_inline, self.run_node)
 
     def runs_inline(self, node: PlanNode) -> bool:
         """Whether a node is pure computation on the loop: no resolver, no index or store."""
@@ -578,11 +529,11 @@ class _Run:
     async def run_resolver(
         self, node: ResolverNode, rows: list[int], outputs: dict[str, ColumnData]
     ) -> str:
-        calls = []
+        arguments = []
         ready = []
         for row in rows:
             try:
-                calls.append(self.arguments(node, row))
+                arguments.append(self.arguments(node, row))
                 ready.append(row)
             except Exception as error:  # e.g. a has-many filter that cannot compare its values
                 for name in node.outputs:
@@ -590,21 +541,10 @@ class _Run:
                               f"preparing the inputs of {node.label!r} failed: "
                               f"{type(error).__name__}: {error}", node.label)  # fmt: skip
         rows = ready
-        results: list[tuple[bool, Any] | None] = [None] * len(rows)
-        status = "ok"
-        prepare = node.resolver.prepare  # a model's first load is not the call's time
-        if prepare is not None:
-            # a load that hangs (an unreachable volume) is left to the call and its timeout
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(PREPARE_LIMIT.total_seconds()):
-                    await prepare()
-        with computing(rows):  # model and LLM calls report which entities they computed
-            work = node.resolver.runner.run(calls, results, self.engine.pool)
-            try:
-                async with asyncio.timeout(node.timeout.total_seconds()):  # no extra task
-                    await work
-            except TimeoutError:
-                status = "timeout"
+        results, timed_out = await call_resolver(
+            node, arguments, rows, self.engine.pool, self.calls
+        )
+        status = "timeout" if timed_out else "ok"
         failures: dict[int, str] = {}  # a batch's one exception fails every row: one message
         for index, row in enumerate(rows):
             result = results[index]
@@ -662,13 +602,8 @@ class _Run:
             self.set(outputs, node.outputs[0], row, value, label)
             return
         names = bound.outputs
-        if isinstance(value, tuple | list) and len(value) == len(names):
-            by_name = dict(zip(names, value, strict=True))
-        elif isinstance(value, dict):
-            by_name = {_output_name(k): v for k, v in value.items()}
-        elif hasattr(value, "__kairos__"):
-            by_name = {k: v for k, v in vars(value).items() if k in names}
-        else:
+        by_name = values_by_name(names, value)
+        if by_name is None:
             for column in node.outputs:
                 self.fail(
                     outputs,
@@ -724,17 +659,5 @@ def _plain(column: ColumnData) -> ColumnData:
     return ColumnData(values, column.observed_at, column.source, column.errors)
 
 
-def _output_name(key: Any) -> str:
-    """`"balance"`, `"wallet.balance"` or `Wallet.balance` -> "balance"."""
-    ref = ref_of(key)
-    return ref.name if ref is not None else str(key).rpartition(".")[2]
-
-
 def _hashable(key: Any) -> Hashable:
     return key if isinstance(key, Hashable) else repr(key)
-
-
-def _seen(task: asyncio.Task[None]) -> None:
-    """Retrieve a task's failure, so asyncio does not log it as never retrieved."""
-    if not task.cancelled():
-        task.exception()

@@ -342,11 +342,11 @@ def decision_records(
             "vector": vector,
             "row": row,
         }
-        for call in calls.models
+        for call in (made.record() for made in calls.models)
         for row, vector in zip(call["rows"], call["vectors"], strict=True)
     )
     llm = by_row(
-        {**whole_path(call, started, meta.duration_ms, full=True), "row": call.get("row")}
+        {**whole_path(call.record(), started, meta.duration_ms, full=True), "row": call.row}
         for call in calls.llm
     )
     records = []

@@ -31,7 +31,7 @@ from kairos.errors import DefinitionError, KairosError, did_you_mean
 from kairos.llm.embeddings import LOCAL_MINILM
 from kairos.llm.prompts import TEMPLATE, Prompt, Template, Windows
 from kairos.llm.tokens import Tokenizer
-from kairos.resolvers.calls import current_row, listening, report_llm
+from kairos.resolvers.calls import Answered, LLMCall
 from kairos.resolvers.python import Resolver
 
 # tokens a chat template adds around the messages, kept free when max_tokens is clamped
@@ -198,7 +198,7 @@ class CompletionResolver(Resolver[..., Any]):
         complete.__name__ = complete.__qualname__ = f"complete_{self.output.name}"
         return complete
 
-    async def complete(self, values: dict[str, Any]) -> Any:
+    async def complete(self, values: dict[str, Any]) -> Answered:
         completer = self._completer()
         options = self.options
         started = time.perf_counter()
@@ -258,22 +258,23 @@ class CompletionResolver(Resolver[..., Any]):
             tokens = answer.usage.get("completion_tokens")
             if isinstance(tokens, int) and tokens > 1 and answer.decode_ms > 0:
                 usage["tokens_per_s"] = round((tokens - 1) / answer.decode_ms * 1000, 2)
-        if listening():  # the decision record: what was sent, who answered, what it cost
-            report_llm(
-                {
-                    **usage,
-                    **_billed(served, answer.usage, by_feature),
-                    "row": current_row(),
-                    "version": self.version,
-                    "messages": messages,
-                    "answer": answer.text,
-                    "sent_at": assembled,
-                }
-            )
-        value = self._parse(answer.text)
-        if self.usage is None:
-            return value
-        return value, usage
+        # the decision record: what was sent, who answered, what it cost
+        call = LLMCall(
+            {
+                **usage,
+                **_billed(served, answer.usage, by_feature),
+                "row": None,  # the engine's: the query row this call computed
+                "version": self.version,
+                "messages": messages,
+                "answer": answer.text,
+                "sent_at": assembled,
+            }
+        )
+        try:
+            value = self._parse(answer.text)
+        except CompletionFailed as error:  # made and paid for: the record keeps it all the same
+            return Answered(None, call, error)
+        return Answered(value if self.usage is None else (value, usage), call)
 
     def _fit(self, by_feature: Mapping[str, int], context: int | None) -> int | None:
         """`max_tokens`, clamped so the prompt and the answer fit the model's context; a

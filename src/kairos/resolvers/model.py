@@ -27,7 +27,7 @@ from kairos.errors import DefinitionError, KairosError
 from kairos.models.errors import SchemaMismatch
 from kairos.models.predictor import Predictor
 from kairos.models.registry import ModelVersion
-from kairos.resolvers.calls import ROWS, listening, report_model
+from kairos.resolvers.calls import Answered, ModelCall
 from kairos.resolvers.python import Resolver
 
 
@@ -79,7 +79,7 @@ class ModelResolver(Resolver[..., Any]):
         return f"<model resolver {self.version} -> {self.output.fqn}>"
 
     def _make_function(self, inputs: tuple[FeatureRef, ...]) -> Callable[..., Any]:
-        async def predict(*columns: list[Any]) -> list[Any]:
+        async def predict(*columns: list[Any]) -> Answered:
             return await self.predict_columns(columns)
 
         parameters = [
@@ -114,8 +114,9 @@ class ModelResolver(Resolver[..., Any]):
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self._loaded)
 
-    async def predict_columns(self, columns: tuple[list[Any], ...]) -> list[Any]:
-        """One model call (through the micro-batcher) for every entity of a query."""
+    async def predict_columns(self, columns: tuple[list[Any], ...]) -> Answered:
+        """One model call (through the micro-batcher) for every entity of a query: the
+        predictions, and the call for the decision record."""
         if self._touch is not None:
             self._touch()
         if self.record is None or self.problem is not None:
@@ -135,18 +136,11 @@ class ModelResolver(Resolver[..., Any]):
                     f" must be a number; got {column[:3]!r}"
                 ) from None
         out = await predictor.submit_async(matrix)
-        if listening():  # the decision record keeps the exact vectors the model was given
-            report_model(
-                {
-                    "feature": self.output.fqn,
-                    "model": self.options.model,
-                    "version": self.version,
-                    "inputs": list(self.input_names),
-                    "rows": list(ROWS.get() or range(rows)),
-                    "vectors": matrix.tolist(),
-                }
-            )
-        return out.tolist()  # type: ignore[no-any-return]
+        # the decision record keeps the exact vectors the model was given
+        call = ModelCall(
+            self.output.fqn, self.options.model, self.version, self.input_names, matrix
+        )
+        return Answered(out.tolist(), call)
 
 
 def model_features(graph: Graph) -> list[tuple[FeatureRef, ModelOptions, tuple[FeatureRef, ...]]]:

@@ -27,7 +27,7 @@ from kairos.definitions.durations import DurationLike, optional_duration
 from kairos.definitions.feature import FeatureRef, HasManyRef, ref_of
 from kairos.definitions.types import DataFrameSpec, FeaturesSpec, Now
 from kairos.errors import DefinitionError
-from kairos.resolvers.calls import ROWS, narrowed
+from kairos.resolvers.calls import Answered, Made
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -102,7 +102,8 @@ class Resolver(Generic[P, R]):
 
 class PythonRunner:
     """Calls a Python resolver once per entity: sync functions in the thread pool (one job for
-    the whole batch), coroutines concurrently on the loop."""
+    the whole batch), coroutines concurrently on the loop. A model or LLM resolver's answer
+    (`Answered`) gives its value to `results` and its call to `made`, as it finishes."""
 
     def __init__(self, resolver: Resolver[..., Any]) -> None:
         self.fn = resolver.fn
@@ -111,18 +112,21 @@ class PythonRunner:
         self.name = resolver.name
 
     async def run(
-        self, calls: list[list[Any]], results: list[tuple[bool, Any] | None], pool: Executor
+        self,
+        calls: list[list[Any]],
+        results: list[tuple[bool, Any] | None],
+        pool: Executor,
+        made: Made,
     ) -> None:
         fn = self.fn
         if self.batch:
-            await self.run_batch(calls, results, pool)
+            await self.run_batch(calls, results, pool, made)
             return
         if self.is_async:
 
             async def one(index: int) -> None:
-                ROWS.set(narrowed(index))  # this task's own context: the one entity it computes
                 try:
-                    results[index] = (True, await fn(*calls[index]))
+                    results[index] = _answer(await fn(*calls[index]), (index,), made)
                 except Exception as error:  # the user's resolver
                     results[index] = (False, error)
 
@@ -132,7 +136,7 @@ class PythonRunner:
         def run_all() -> None:
             for index, args in enumerate(calls):
                 try:
-                    results[index] = (True, fn(*args))
+                    results[index] = _answer(fn(*args), (index,), made)
                 except Exception as error:  # the user's resolver
                     results[index] = (False, error)
 
@@ -141,7 +145,11 @@ class PythonRunner:
         await asyncio.get_running_loop().run_in_executor(pool, run_all)
 
     async def run_batch(
-        self, calls: list[list[Any]], results: list[tuple[bool, Any] | None], pool: Executor
+        self,
+        calls: list[list[Any]],
+        results: list[tuple[bool, Any] | None],
+        pool: Executor,
+        made: Made,
     ) -> None:
         """One call for every entity: each parameter gets the list of its values."""
         if not calls:
@@ -154,6 +162,9 @@ class PythonRunner:
                 answers = await asyncio.get_running_loop().run_in_executor(
                     pool, lambda: self.fn(*columns)
                 )
+            ok, answers = _answer(answers, tuple(range(len(calls))), made)
+            if not ok:
+                raise answers
             answers = list(answers)
             if len(answers) != len(calls):
                 raise ValueError(
@@ -166,6 +177,18 @@ class PythonRunner:
             return
         for index, answer in enumerate(answers):
             results[index] = (True, answer)
+
+
+def _answer(value: Any, indexes: tuple[int, ...], made: Made) -> tuple[bool, Any]:
+    """A result for the engine: a model or LLM call's value (or the error its answer was),
+    the engine told of the call (`made`, with the `indexes` of the entities it computed);
+    any other value as it is."""
+    if type(value) is not Answered:
+        return True, value
+    made(indexes, value.call)
+    if value.error is not None:
+        return False, value.error
+    return True, value.value
 
 
 def _annotation(resolver: Resolver[..., Any], value: Any, what: str) -> Any:

@@ -14,6 +14,7 @@ from kairos.definitions.feature import Feature, FeatureRef, class_spec, field_of
 from kairos.definitions.graph import FeatureInfo, Graph
 from kairos.definitions.types import DataFrameSpec
 from kairos.errors import DefinitionError, KairosError, did_you_mean
+from kairos.resolvers.calls import Made
 from kairos.resolvers.python import PythonRunner, Resolver
 from kairos.resolvers.sql import SqlPlan, SqlResolver, SqlRunner, batch_text
 
@@ -32,10 +33,15 @@ class BoundInput:
 
 class Runner(Protocol):
     """Runs a resolver for a batch of entities: `calls[i]` are the arguments for entity i, and
-    `results[i]` is set to (True, value) or (False, exception) as each finishes."""
+    `results[i]` is set to (True, value) or (False, exception) as each finishes; `made` is
+    told of each model or LLM call, with the entities it computed, as it finishes."""
 
     async def run(
-        self, calls: list[list[Any]], results: list[tuple[bool, Any] | None], pool: Executor
+        self,
+        calls: list[list[Any]],
+        results: list[tuple[bool, Any] | None],
+        pool: Executor,
+        made: Made,
     ) -> None: ...
 
 

@@ -50,6 +50,7 @@ from sqlglot.errors import ParseError, TokenError
 
 from kairos.definitions.durations import parse_duration
 from kairos.errors import DefinitionError, KairosError
+from kairos.resolvers.calls import Made
 
 _HEADER = re.compile(r"^\s*--\s*([a-z_]+)\s*:\s*(.*?)\s*$")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
@@ -338,7 +339,11 @@ class SqlRunner:
         self.arrow = plan.rows and callable(getattr(source, "fetch_arrow", None))
 
     async def run(
-        self, calls: list[list[Any]], results: list[tuple[bool, Any] | None], pool: Any
+        self,
+        calls: list[list[Any]],
+        results: list[tuple[bool, Any] | None],
+        pool: Any,
+        made: Made,  # a SQL query is no model or LLM call: nothing is added
     ) -> None:
         plan = self.plan
         key_index = plan.params.index(plan.key_param)
