@@ -27,6 +27,7 @@ from kairos.definitions.durations import DurationLike, parse_duration
 from kairos.definitions.graph import Graph
 from kairos.definitions.windows import indexed_window
 from kairos.engine.execution import Engine
+from kairos.engine.inputs import check_inputs
 from kairos.engine.result import (
     BulkResult,
     ColumnData,
@@ -55,7 +56,7 @@ from kairos.project.events import (
     typed_events,
 )
 from kairos.project.fingerprint import definitions_fingerprint
-from kairos.project.inputs import bulk_columns, check_inputs
+from kairos.project.inputs import bulk_columns
 from kairos.project.llm import GatewayCompleter, feature_models
 from kairos.project.models import Models
 from kairos.project.modules import Project

@@ -29,11 +29,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc
 
+from kairos.engine.inputs import check_inputs
 from kairos.engine.result import FeatureError
 from kairos.engine.values import to_utc
 from kairos.errors import InvalidInput, InvalidValue, KairosError
 from kairos.planner.plan import Plan
-from kairos.project.inputs import check_inputs
 from kairos.project.snapshot import Snapshot
 from kairos.stores.datasets import Dataset, DatasetStore, DatasetVersion
 from kairos.stores.offline import readable
