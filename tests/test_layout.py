@@ -64,6 +64,44 @@ def test_no_module_is_over_800_code_lines() -> None:
     assert {path: n for path, n in sizes.items() if n > 800} == {}
 
 
+def _context_vars(text: str) -> list[str]:
+    """Each ContextVar a module declares: its name, its annotation and its arguments."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Call):
+            called = node.value.func
+            name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", "")
+            annotation = node.annotation if isinstance(node, ast.AnnAssign) else None
+            if name == "ContextVar" or "ContextVar" in ast.unparse(annotation or node.value):
+                found.append(ast.unparse(node))
+    return found
+
+
+def _carries_calls(declared: str) -> bool:
+    return re.search(r"calls|\brows\b|\bcall\b", declared, re.I) is not None
+
+
+def test_no_context_var_carries_model_or_llm_calls() -> None:
+    # the engine returns the calls it made (RunOutcome.calls); a side channel around a layer
+    # is what issue 28 took out. No other ContextVar is declared in kairos today.
+    found = {
+        str(p.relative_to(SRC.parent)): declared
+        for p in _modules()
+        for declared in _context_vars(p.read_text())
+        if _carries_calls(declared)
+    }
+    assert found == {}, f"return model and LLM calls from the engine instead: {found}"
+
+
+def test_the_check_sees_a_context_var_of_calls() -> None:
+    text = (
+        "CALLS: contextvars.ContextVar[Calls | None] = contextvars.ContextVar('kairos_calls')\n"
+        "ROWS = ContextVar('kairos_rows', default=None)\n"
+        "TRACE = ContextVar('trace')\n"
+    )
+    assert [_carries_calls(d) for d in _context_vars(text)] == [True, True, False]
+
+
 def test_the_layout_names_every_package_and_top_level_module() -> None:
     layout = _layout()
     named = set(re.findall(r"^\s+([a-z_]+/|[a-z_]+\.py)\s", layout, re.M))
