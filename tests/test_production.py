@@ -30,10 +30,16 @@ import redis
 from psycopg import sql
 
 import kairos as kr
+from tests.conftest import (
+    POSTGRES_SERVER,
+    REDIS_URL,
+    delete_redis_prefix,
+    postgres_available,
+    redis_available,
+)
 from tests.gateway.fake_upstream import free_port
-from tests.stores.conftest import REDIS_URL, delete_prefix, redis_available
 
-POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
+POSTGRES = f"{POSTGRES_SERVER}/postgres"  # where a test creates a database of its own
 T0 = datetime(2026, 6, 1, 12, tzinfo=UTC)
 PAYERS = [f"p{i}" for i in range(6)]
 
@@ -60,14 +66,6 @@ class Payer:
 """
 
 
-def postgres_available() -> bool:
-    try:
-        psycopg.connect(POSTGRES, connect_timeout=3).close()
-    except psycopg.OperationalError:
-        return False
-    return True
-
-
 pytestmark = pytest.mark.skipif(
     not (redis_available() and postgres_available()), reason="needs Redis and PostgreSQL"
 )
@@ -79,7 +77,7 @@ def database() -> Iterator[str]:
     name = f"kairos_topology_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(POSTGRES, autocommit=True) as connection:
         connection.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
-    yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    yield f"{POSTGRES_SERVER}/{name}"
     with psycopg.connect(POSTGRES, autocommit=True) as connection:
         connection.execute(
             sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name))
@@ -128,7 +126,7 @@ def project(tmp_path: Path, database: str) -> Iterator[tuple[Path, str, str]]:
         """)
     )
     yield folder, prefix, stream
-    delete_prefix(prefix)
+    delete_redis_prefix(prefix)
     client = redis.Redis.from_url(REDIS_URL)
     client.delete(stream, f"{stream}.dead")
     client.close()

@@ -15,10 +15,10 @@ from psycopg import sql
 
 import kairos as kr
 from kairos.errors import InvalidInput
+from tests.conftest import POSTGRES_URL, need_postgres
 from tests.engine.test_windows import WINDOWED, Account, Payment, brute, events, same
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
-POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 @pytest.fixture(params=["duckdb", "postgres"])
@@ -26,9 +26,10 @@ def offline_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
     if request.param == "duckdb":
         yield f"duckdb:///{tmp_path / 'offline.duckdb'}"
         return
+    need_postgres()
     schema = f"events_{uuid.uuid4().hex[:10]}"
-    yield f"{POSTGRES}?schema={schema}"
-    with psycopg.connect(POSTGRES, autocommit=True) as connection:
+    yield f"{POSTGRES_URL}?schema={schema}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
         connection.execute(
             sql.SQL("drop schema if exists {} cascade").format(sql.Identifier(schema))
         )

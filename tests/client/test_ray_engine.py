@@ -19,9 +19,9 @@ import kairos as kr
 from examples.fraud.generate import ANCHOR, generate
 from kairos import features, online
 from kairos.client import ray_engine
+from tests.conftest import REDIS_URL, delete_redis_prefix, need_redis
 from tests.engine.test_windows import WINDOWED, Account, Payment, brute, events, same
 from tests.resolvers.test_nearest import Doc, Ticket, client_for, doc, unit
-from tests.stores.conftest import REDIS_URL, delete_prefix, redis_available
 from tests.stores.test_vectors import pg_url as pg_url  # pgvector, a fixture
 
 PROJECT = Path(__file__).parents[2] / "examples" / "fraud"
@@ -104,11 +104,10 @@ def windows_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tu
     if request.param == "kept":
         yield "memory://", f"duckdb:///{tmp_path / 'offline.duckdb'}"
         return
-    if not redis_available():
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    need_redis()
     prefix = f"kray{uuid.uuid4().hex[:12]}"
     yield f"{REDIS_URL}?prefix={prefix}", "none://"
-    delete_prefix(prefix)
+    delete_redis_prefix(prefix)
 
 
 def test_windows_over_events_match_brute_force_on_both_engines(

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import kairos as kr
 from kairos import DataFrame, FeatureTime, Now, Windowed, _, features, windowed
-from tests.stores.conftest import REDIS_URL, delete_prefix, redis_available
+from tests.conftest import REDIS_URL, delete_redis_prefix, need_redis
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 
@@ -134,11 +134,10 @@ def online_store(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "in_process":
         yield "memory://"
         return
-    if not redis_available():
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    need_redis()
     prefix = f"kw{uuid.uuid4().hex[:12]}"
     yield f"{REDIS_URL}?prefix={prefix}"
-    delete_prefix(prefix)
+    delete_redis_prefix(prefix)
 
 
 @pytest.fixture

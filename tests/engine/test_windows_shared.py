@@ -19,17 +19,17 @@ import kairos as kr
 from kairos import DataFrame, FeatureTime, Windowed, _, features, windowed
 from kairos.engine import windows_shared
 from kairos.errors import OnlineStoreUnavailable
+from tests.conftest import REDIS_URL, delete_redis_prefix, needs_redis
 from tests.engine.test_windows import T0, WINDOWED, Account, Payment, brute, events, same
-from tests.stores.conftest import REDIS_URL, delete_prefix, redis_available
 
-pytestmark = pytest.mark.skipif(not redis_available(), reason="Redis is not running")
+pytestmark = needs_redis()
 
 
 @pytest.fixture
 def url() -> Iterator[str]:
     prefix = f"kw{uuid.uuid4().hex[:12]}"
     yield f"{REDIS_URL}?prefix={prefix}"
-    delete_prefix(prefix)
+    delete_redis_prefix(prefix)
 
 
 def server(url: str, *definitions: object, offline: str = "none://") -> kr.Client:
@@ -132,7 +132,7 @@ def test_a_redis_that_lost_its_data_is_reloaded_from_the_offline_store(
     rows = events(31, 600)
     with server(url, offline=offline) as first:
         first.write_events(Payment, rows)
-    delete_prefix(url.rpartition("prefix=")[2])  # Redis restarted empty
+    delete_redis_prefix(url.rpartition("prefix=")[2])  # Redis restarted empty
     with server(url, offline=offline) as second:
         check(second, rows, seed=6, rounds=10)
 
@@ -342,7 +342,7 @@ def test_a_redis_emptied_under_running_servers_is_refused_then_reloaded_once(
     with server(url, offline=offline) as one, server(url, offline=offline) as two:
         one.write_events(Payment, rows)
         assert until_whole([one, two], rows) < 1 and loads == [False]  # the first start's
-        delete_prefix(url.rpartition("prefix=")[2])  # Redis restarted empty
+        delete_redis_prefix(url.rpartition("prefix=")[2])  # Redis restarted empty
         late = dict(rows[0], id="late", at=WEEK - timedelta(hours=1))
         assert two.write_events(Payment, [late]) == 1  # into the empty Redis: kept
         rows.append(late)
@@ -362,7 +362,7 @@ def test_a_write_into_an_emptied_redis_does_not_make_its_windows_look_whole(
     with server(url, offline=offline) as client:
         client.write_events(Payment, rows)
         monkeypatch.setattr(windows_shared.SharedWindows, "_reload_soon", lambda self: None)
-        delete_prefix(url.rpartition("prefix=")[2])
+        delete_redis_prefix(url.rpartition("prefix=")[2])
         late = dict(rows[0], id="late", at=WEEK - timedelta(hours=1))
         client.write_events(Payment, [late])  # alone in Redis: an account with 1 payment
         rows.append(late)
@@ -378,7 +378,7 @@ def test_a_load_that_loses_its_lease_midway_is_not_marked_whole(url: str, tmp_pa
     rows = events(81, 500)
     with server(url, offline=offline) as first:
         first.write_events(Payment, rows)
-    delete_prefix(url.rpartition("prefix=")[2])
+    delete_redis_prefix(url.rpartition("prefix=")[2])
     with server(url, offline=offline) as restarted:
         windows = restarted.windows
         assert isinstance(windows, windows_shared.SharedWindows)
@@ -389,7 +389,7 @@ def test_a_load_that_loses_its_lease_midway_is_not_marked_whole(url: str, tmp_pa
             calls.append(1)
             batches = list(loader())
             if len(calls) == 1:  # Redis restarts between the lease and the first chunk
-                delete_prefix(url.rpartition("prefix=")[2])
+                delete_redis_prefix(url.rpartition("prefix=")[2])
             yield from batches
 
         windows._loader = restarting_midway
@@ -422,7 +422,7 @@ def test_a_series_only_one_server_knows_is_built_by_it_after_a_reload(
     with server(url, offline=offline) as old, server(url, Payment, Account, offline=offline) as new:
         new.query({"account.id": "a1"}, ["account.cards[40d]"], now=now)  # built at its start
         old.write_events(Payment, rows)  # (old writes no contribution to `cards`: rows only)
-        delete_prefix(url.rpartition("prefix=")[2])
+        delete_redis_prefix(url.rpartition("prefix=")[2])
         until_whole([old], rows)  # reloaded by the old server: its series, not `cards`
         started = time.monotonic()
         while True:
@@ -442,7 +442,7 @@ def test_without_an_offline_store_a_lost_redis_counts_the_events_written_since(
     rows = events(101, 200)
     with server(url) as client:
         client.write_events(Payment, rows)
-        delete_prefix(url.rpartition("prefix=")[2])
+        delete_redis_prefix(url.rpartition("prefix=")[2])
         late = dict(rows[0], id="late", at=WEEK - timedelta(hours=1))
         client.write_events(Payment, [late])
         until_whole([client], [late])  # all it can know: the events it was given since

@@ -7,23 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psycopg
 import pytest
+from psycopg import sql
 
 from kairos.models import ArtifactVolume, ModelStore, model_registry_from_url
-
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
-
-
-def _postgres_url() -> str:
-    import psycopg
-
-    for url in (PG_URL, "postgresql://127.0.0.1:5432/test"):
-        try:
-            psycopg.connect(url, connect_timeout=2).close()
-            return url
-        except psycopg.OperationalError:
-            continue
-    pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432")
+from tests.conftest import POSTGRES_URL, need_postgres
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -31,10 +20,8 @@ def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'models.db'}"
         return
-    import psycopg
-    from psycopg import sql
-
-    url = _postgres_url()
+    need_postgres()
+    url = POSTGRES_URL
     # a schema of the test's own: the registry's tables have fixed names, and tests run at once
     schema = f"kairos_models_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(url, autocommit=True) as conn:

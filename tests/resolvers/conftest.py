@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 import kairos as kr
+from tests.conftest import POSTGRES_URL, need_postgres
 
-POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 KINDS = ["sqlite", "duckdb-file", "duckdb-parquet", "duckdb-csv", "postgres"]
 SOURCE = "shop"
 NOW = datetime(2026, 1, 10, tzinfo=UTC)
@@ -118,7 +118,7 @@ class Backend:
             with contextlib.closing(sqlite3.connect(self.data_dir / "shop.db")) as connection:
                 row = connection.execute(f"select count(*) from {table}").fetchone()
         elif self.kind == "postgres":
-            with psycopg.connect(POSTGRES) as connection:
+            with psycopg.connect(POSTGRES_URL) as connection:
                 row = connection.execute(f"select count(*) from {self.schema}.{table}").fetchone()
         else:
             reader = {
@@ -173,10 +173,8 @@ def shop_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def shop_schema() -> Iterator[str]:
     """A schema of its own in database `test`, holding the two tables; dropped afterwards."""
-    try:
-        admin = psycopg.connect(POSTGRES, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as error:
-        pytest.skip(f"PostgreSQL is not reachable at 127.0.0.1:5432: {error}")
+    need_postgres()
+    admin = psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=3)
     schema = f"kairos_resolvers_{uuid.uuid4().hex[:12]}"
     with admin:
         admin.execute(f"create schema {schema}")
@@ -208,7 +206,7 @@ def backend(request: pytest.FixtureRequest, shop_data: Path) -> Backend:
         tables = {t: str(shop_data / f"{t}.{suffix}") for t in ("customers", "orders")}
         return Backend(kind, "duckdb", {"url": "duckdb:///:memory:", "tables": tables}, shop_data)
     schema: str = request.getfixturevalue("shop_schema")
-    url = f"{POSTGRES}?options=-csearch_path%3D{schema}"
+    url = f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
     return Backend(kind, "postgres", url, shop_data, schema)
 
 

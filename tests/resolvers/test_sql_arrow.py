@@ -24,10 +24,9 @@ import yaml
 import kairos as kr
 from kairos.definitions.frame import DataFrame
 from kairos.engine import execution
-from kairos.sources.errors import SourceError
 from kairos.sources.postgres import PostgresSource
+from tests.conftest import POSTGRES_URL, need_postgres
 
-POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 NOW = datetime(2026, 1, 10, tzinfo=UTC)
 OWNERS = ["o0", "o1", "o2", "o3", "nobody"]
 
@@ -112,10 +111,8 @@ def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
         url: str = f"duckdb:///{database}"
         schema = None
     else:
-        try:
-            admin = psycopg.connect(POSTGRES, autocommit=True, connect_timeout=3)
-        except psycopg.OperationalError as error:
-            pytest.skip(f"PostgreSQL is not reachable at 127.0.0.1:5432: {error}")
+        need_postgres()
+        admin = psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=3)
         schema = f"kairos_arrow_{uuid.uuid4().hex[:12]}"
         admin.execute(f"create schema {schema}")
         admin.execute(
@@ -126,7 +123,7 @@ def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
             cursor.executemany(
                 f"insert into {schema}.events values (%s, %s, %s, %s, %s, %s, %s, %s)", EVENTS
             )
-        url = f"{POSTGRES}?options=-csearch_path%3D{schema}"
+        url = f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
     (tmp_path / "features.py").write_text(FEATURES)
     (tmp_path / "events.sql").write_text(textwrap.dedent(EVENTS_SQL))
     settings = {"sources": {"db": url}, "query_log": "none://"}
@@ -212,7 +209,8 @@ def test_sql_has_many_rows_reach_the_engine_as_arrow_with_the_rows_answers(
 def test_postgres_reads_rows_where_adbc_would_not_answer_as_psycopg() -> None:
     """None: NULL parameters, a column type without a psycopg-equal Arrow form, a statement
     ADBC refuses that psycopg runs (text bound to an int comparison). Then `fetch` answers."""
-    source = PostgresSource("db", POSTGRES)
+    need_postgres()
+    source = PostgresSource("db", POSTGRES_URL)
 
     async def check() -> None:
         try:
@@ -230,7 +228,4 @@ def test_postgres_reads_rows_where_adbc_would_not_answer_as_psycopg() -> None:
         finally:
             await source.close()
 
-    try:
-        asyncio.run(check())
-    except SourceError as error:
-        pytest.skip(f"PostgreSQL is not reachable: {error}")
+    asyncio.run(check())

@@ -20,10 +20,10 @@ import pytest
 
 from kairos.sources import Source, source_from_config
 from kairos.sources.errors import source_thread
+from tests.conftest import POSTGRES_URL, need_postgres
 
 T = TypeVar("T")
 
-POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 USERS = [(f"u{i}", f"name {i}", i + 0.5) for i in range(1000)]
 KINDS = ["sqlite", "duckdb-file", "duckdb-parquet", "duckdb-csv", "duckdb-tables", "postgres"]
 
@@ -103,7 +103,7 @@ def _open_sqlite_connections(path: Path) -> list[str]:
 def _server_connections(application_name: str, *, settle: bool) -> int:
     deadline = time.monotonic() + (3 if settle else 0)  # a backend exits after its client
     while True:
-        with psycopg.connect(POSTGRES) as connection:
+        with psycopg.connect(POSTGRES_URL) as connection:
             row = connection.execute(
                 "select count(*) from pg_stat_activity where application_name = %s",
                 [application_name],
@@ -148,10 +148,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def postgres_schema() -> Iterator[str]:
     """A schema of its own in database `test`, holding `users`; dropped afterwards."""
-    try:
-        admin = psycopg.connect(POSTGRES, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as error:
-        pytest.skip(f"PostgreSQL is not reachable at 127.0.0.1:5432: {error}")
+    need_postgres()
+    admin = psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=3)
     schema = f"kairos_sources_{uuid.uuid4().hex[:12]}"
     with admin:
         admin.execute(f"create schema {schema}")
@@ -183,5 +181,5 @@ def backend(request: pytest.FixtureRequest, data_dir: Path) -> Backend:
     if kind == "duckdb-tables":
         return Backend(kind, "duckdb:///:memory:", data_dir, tables={"users": "data/users.parquet"})
     schema = request.getfixturevalue("postgres_schema")
-    url = f"{POSTGRES}?options=-csearch_path%3D{schema}"
+    url = f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
     return Backend(kind, url, data_dir)

@@ -29,11 +29,10 @@ from kairos.errors import ProjectError
 from kairos.project.config import Config
 from kairos.server import create_app
 from kairos.sources.streams import stream_from_config
+from tests.conftest import NATS_URL, REDIS_URL, need_nats, need_redis
 from tests.sources.kafka_broker import kafka_broker
 from tests.ui.cells import cells
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
-NATS_URL = "nats://127.0.0.1:4222"
 T0 = datetime(2026, 6, 1, 12, tzinfo=UTC)
 
 
@@ -71,6 +70,7 @@ def paid(client: kr.Client, payer: str = "p1") -> int:
 
 @pytest.fixture
 def r() -> Iterator[redis.Redis]:
+    need_redis()
     client = redis.Redis.from_url(REDIS_URL)
     yield client
     client.close()
@@ -230,6 +230,7 @@ def test_nats_jetstream_events_reach_the_windows_and_poison_is_terminated(
     tmp_path: Path,
 ) -> None:
     nats = pytest.importorskip("nats")
+    need_nats()
     subject = f"kairos.test.{uuid.uuid4().hex[:10]}"
     name = subject.replace(".", "_")
     dead: list[Any] = []
@@ -284,6 +285,7 @@ def test_a_nats_read_of_an_empty_stream_is_empty_every_time() -> None:
     passed after the server's "no messages"), the builtin one: both are an empty read, never
     a broker error, which would stop a drain and back a running consumer off."""
     nats = pytest.importorskip("nats")
+    need_nats()
     subject = f"kairos.test.{uuid.uuid4().hex[:10]}"
     name = subject.replace(".", "_")
     spec = {"kind": "nats", "url": NATS_URL, "stream": subject, "events": "payment",
@@ -327,6 +329,7 @@ def test_a_nats_batch_not_acknowledged_is_read_again() -> None:
     nothing: after the ack wait (`claim_after`) the next one reads the same messages; reads
     of fewer than a pull delivered leave the rest to the next read, nothing twice."""
     nats = pytest.importorskip("nats")
+    need_nats()
     subject = f"kairos.test.{uuid.uuid4().hex[:10]}"
     name = subject.replace(".", "_")
 
@@ -364,6 +367,7 @@ def test_a_nats_read_with_max_ack_pending_reached_is_empty_then_gets_the_redeliv
     nothing: the read is empty, not an error, and once the ack wait passes the messages come
     again to the next reads."""
     nats = pytest.importorskip("nats")
+    need_nats()
     subject = f"kairos.test.{uuid.uuid4().hex[:10]}"
     name = subject.replace(".", "_")
 

@@ -6,7 +6,6 @@ Redis, every key under the test's prefix deleted after.
 """
 
 import asyncio
-import functools
 import uuid
 from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +13,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import redis
 
 from kairos.stores import (
     MemoryOnlineStore,
@@ -25,32 +23,11 @@ from kairos.stores import (
     online_store_from_url,
 )
 from kairos.stores.online import StoreKey
+from tests.conftest import REDIS_URL, delete_redis_prefix, need_redis
 
 T = TypeVar("T")
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 BACKENDS = ["memory", "sqlite", "redis"]
-
-
-@functools.cache
-def redis_available() -> bool:
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-
-
-def delete_prefix(prefix: str) -> None:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 @dataclass
@@ -85,8 +62,7 @@ def new_store(name: str, tmp_path: Path) -> tuple[str, OnlineStore]:
     if name == "sqlite":
         path = tmp_path / "stores" / "online.db"
         return f"sqlite:///{path}", SQLiteOnlineStore(path)
-    if not redis_available():
-        pytest.skip(f"no Redis at {REDIS_URL}")
+    need_redis()
     prefix = f"kairos-test-{uuid.uuid4().hex}"
     return f"{REDIS_URL}?prefix={prefix}", RedisOnlineStore(REDIS_URL, prefix=prefix)
 
@@ -103,7 +79,7 @@ def online_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[O
             loop.run_until_complete(opened.close())
         loop.close()
         if isinstance(store, RedisOnlineStore):
-            delete_prefix(store.prefix)
+            delete_redis_prefix(store.prefix)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -114,8 +90,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     elif request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'online.db'}"
     else:
-        if not redis_available():
-            pytest.skip(f"no Redis at {REDIS_URL}")
+        need_redis()
         prefix = f"kairos-test-{uuid.uuid4().hex}"
         yield f"{REDIS_URL}?prefix={prefix}"
-        delete_prefix(prefix)
+        delete_redis_prefix(prefix)

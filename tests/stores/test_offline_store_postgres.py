@@ -11,6 +11,7 @@ from psycopg import sql
 from kairos.errors import KairosError
 from kairos.stores.offline import offline_store_from_url
 from kairos.stores.offline.postgres import PostgresOfflineStore, postgres_table_name
+from tests.conftest import POSTGRES_URL, need_postgres
 from tests.stores.test_offline_store import (
     INT,
     STR,
@@ -58,11 +59,9 @@ from tests.stores.test_offline_store import (
     test_write_many_refuses_mixed_lengths_and_changed_types as test_write_many_refuses_mixed_lengths_and_changed_types,  # noqa: E501
 )
 
-POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
-
 
 def drop_schema(schema: str) -> None:
-    with psycopg.connect(POSTGRES, autocommit=True) as connection:
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
         connection.execute(
             sql.SQL("drop schema if exists {} cascade").format(sql.Identifier(schema))
         )
@@ -71,13 +70,10 @@ def drop_schema(schema: str) -> None:
 @pytest.fixture(scope="session")
 def postgres_schemas() -> Iterator[str]:
     """A prefix for this session's schemas; every schema under it is dropped at the end."""
-    try:
-        psycopg.connect(POSTGRES, connect_timeout=3).close()
-    except psycopg.OperationalError as error:
-        pytest.skip(f"PostgreSQL is not reachable at {POSTGRES}: {error}")
+    need_postgres()
     prefix = f"kairos_offline_{uuid.uuid4().hex[:8]}"
     yield prefix
-    with psycopg.connect(POSTGRES, autocommit=True) as connection:
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
         schemas = connection.execute(
             "select nspname from pg_namespace where starts_with(nspname, %s)", (prefix,)
         ).fetchall()
@@ -97,20 +93,20 @@ def schema(postgres_schemas: str) -> Iterator[str]:
 
 @pytest.fixture
 def store(schema: str) -> Iterator[PostgresOfflineStore]:
-    opened = PostgresOfflineStore(POSTGRES, schema)
+    opened = PostgresOfflineStore(POSTGRES_URL, schema)
     yield opened
     opened.close()
 
 
 def test_a_store_keeps_its_values_and_tie_breaks_across_reopening(schema: str) -> None:
-    first = PostgresOfflineStore(POSTGRES, schema)
+    first = PostgresOfflineStore(POSTGRES_URL, schema)
     first.write("user", "x", INT, STR, ["u", "v"], [minutes(0), minutes(0)], [1, 5])
     first.write("user", "x", INT, STR, ["u"], [minutes(0)], [2])
     first.close()
     first.close()  # twice is harmless
     with pytest.raises(KairosError, match="closed"):
         first.asof("user", "x", ["u"], [minutes(1)])
-    second = offline_store_from_url(f"{POSTGRES}?schema={schema}")
+    second = offline_store_from_url(f"{POSTGRES_URL}?schema={schema}")
     try:
         assert second.value_kind("user", "x") == "int"
         got = second.asof("user", "x", ["u", "v", "u"], [minutes(1)] * 3).to_pylist()
@@ -126,7 +122,7 @@ def test_url_with_a_schema_opens_a_store_in_that_schema(schema: str) -> None:
         store.write("user", "age", INT, STR, ["u"], [minutes(0)], [41])
     finally:
         store.close()
-    with psycopg.connect(POSTGRES) as connection:
+    with psycopg.connect(POSTGRES_URL) as connection:
         tables = {
             row[0]
             for row in connection.execute(
@@ -152,7 +148,7 @@ def test_a_password_never_shows_in_repr_or_errors(schema: str) -> None:
         PostgresOfflineStore("host=127.0.0.1 dbname=no_such_db_kairos user=x password=s3cret-pw")
     assert "s3cret-pw" not in str(raised.value)
     with pytest.raises(KairosError, match="empty"):
-        offline_store_from_url(f"{POSTGRES}?schema=")
+        offline_store_from_url(f"{POSTGRES_URL}?schema=")
 
 
 def test_long_names_keep_their_own_tables(store: PostgresOfflineStore) -> None:

@@ -46,8 +46,8 @@ from kairos.stores.query_log import (
     QueryLogError,
     query_log_from_url,
 )
+from tests.conftest import POSTGRES_URL, need_postgres
 
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 T0 = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
 
 
@@ -66,14 +66,6 @@ class Backend:
         assert isinstance(log, BatchedQueryLog)
         self.opened.append(log)
         return log
-
-
-def _pg_available() -> bool:
-    try:
-        psycopg.connect(PG_URL, connect_timeout=2).close()
-    except psycopg.OperationalError:
-        return False
-    return True
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -102,13 +94,12 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
             log.close()
         return
 
-    if not _pg_available():
-        pytest.skip(f"PostgreSQL is not reachable at {PG_URL}")
+    need_postgres()
     table = f"kairos_qlog_test_{uuid.uuid4().hex[:12]}"
 
     @contextmanager
     def lock_pg() -> Iterator[None]:
-        with psycopg.connect(PG_URL) as conn:
+        with psycopg.connect(POSTGRES_URL) as conn:
             conn.execute(
                 sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(table))
             )
@@ -116,15 +107,15 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
             conn.rollback()
 
     def drop_pg() -> None:
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
 
     try:
-        yield Backend("postgres", f"{PG_URL}?table={table}", lock_pg, drop_pg, opened)
+        yield Backend("postgres", f"{POSTGRES_URL}?table={table}", lock_pg, drop_pg, opened)
     finally:
         for log in opened:
             log.close()
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
 
 

@@ -27,7 +27,7 @@ from psycopg import sql
 from kairos.errors import ProjectError
 from kairos.project.config import Config
 from kairos.stores.query_log import BatchedQueryLog, query_log_from_url
-from tests.stores.test_query_log import PG_URL, _pg_available
+from tests.conftest import POSTGRES_URL, need_postgres
 
 pytestmark = pytest.mark.slow
 
@@ -145,11 +145,10 @@ def log_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'project' / '.kairos' / 'query_log.db'}"
         return
-    if not _pg_available():
-        pytest.skip(f"PostgreSQL is not reachable at {PG_URL}")
+    need_postgres()
     table = f"kairos_qlog_kill_{uuid.uuid4().hex[:12]}"
-    yield f"{PG_URL}?table={table}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
+    yield f"{POSTGRES_URL}?table={table}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
         for name in (table, f"{table}_keys", f"{table}_plans"):
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
 

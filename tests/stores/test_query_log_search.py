@@ -26,8 +26,8 @@ from kairos.stores.query_log import (
     Search,
     query_log_from_url,
 )
+from tests.conftest import POSTGRES_URL, need_postgres
 
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 
 # Three plans: what each touched and which model versions it called.
@@ -43,16 +43,8 @@ PLANS = [
 Open = Callable[..., BatchedQueryLog]
 
 
-def _pg_available() -> bool:
-    try:
-        psycopg.connect(PG_URL, connect_timeout=2).close()
-    except psycopg.OperationalError:
-        return False
-    return True
-
-
 def _drop_pg(table: str) -> None:
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
         for name in (table, f"{table}_keys", f"{table}_plans"):
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
 
@@ -66,10 +58,9 @@ def open_log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Open]:
         url = f"sqlite:///{tmp_path / 'query_log.db'}"
         table = None
     else:
-        if not _pg_available():
-            pytest.skip(f"PostgreSQL is not reachable at {PG_URL}")
+        need_postgres()
         table = f"kairos_qsearch_{uuid.uuid4().hex[:12]}"
-        url = f"{PG_URL}?table={table}"
+        url = f"{POSTGRES_URL}?table={table}"
 
     def open_log(**settings: Any) -> BatchedQueryLog:
         log = query_log_from_url(url, **settings)
@@ -327,7 +318,7 @@ def test_a_log_file_of_the_previous_schema_keeps_its_rows_and_is_searchable(
 def test_a_postgres_log_of_the_previous_schema_is_migrated_and_searchable() -> None:
     table = f"kairos_qlog_old_{uuid.uuid4().hex[:10]}"
     old_now = T0 - timedelta(hours=1)
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
         conn.execute(
             sql.SQL(
                 "CREATE TABLE {} (seq bigint GENERATED ALWAYS AS IDENTITY, query_id text "
@@ -344,7 +335,7 @@ def test_a_postgres_log_of_the_previous_schema_is_migrated_and_searchable() -> N
             ("old-1", old_now, orjson.dumps({"user.id": "u1", "n": 7, "x": 1.5}).decode(), old_now),
         )  # fmt: skip
     try:
-        with BatchedQueryLog.postgres(PG_URL, table=table) as log:
+        with BatchedQueryLog.postgres(POSTGRES_URL, table=table) as log:
             log.append(decision("new-1", T0, {"user.id": "u1"}, PLANS[0]))
             by_entity = found(log, Search(entity=(("user.id", "u1"),)))
             by_int = found(log, Search(entity=(("n", "7"),)))
@@ -353,6 +344,6 @@ def test_a_postgres_log_of_the_previous_schema_is_migrated_and_searchable() -> N
         assert by_entity == ["new-1", "old-1"] and by_int == ["old-1"] and by_float == []
         assert old is not None and old.inputs["n"] == 7 and old.plan is None
     finally:
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
             for name in (table, f"{table}_keys", f"{table}_plans"):
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))

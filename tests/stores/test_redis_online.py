@@ -10,18 +10,18 @@ import redis
 
 from kairos.stores import RedisOnlineStore, StoredValue
 from kairos.stores.online.redis import OnlineStoreUnavailable
-from tests.stores.conftest import REDIS_URL, delete_prefix, redis_available
+from tests.conftest import REDIS_URL, delete_redis_prefix, needs_redis
 
 T0 = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
 
-pytestmark = pytest.mark.skipif(not redis_available(), reason=f"no Redis at {REDIS_URL}")
+pytestmark = needs_redis()
 
 
 @pytest.fixture
 def prefix() -> Iterator[str]:
     name = f"kairos-test-{uuid.uuid4().hex}"
     yield name
-    delete_prefix(name)
+    delete_redis_prefix(name)
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_prefixes_keep_stores_apart(prefix: str) -> None:
         finally:
             await mine.close()
             await theirs.close()
-            delete_prefix(f"{prefix}-other")
+            delete_redis_prefix(f"{prefix}-other")
 
     assert asyncio.run(run()) == [None]
 

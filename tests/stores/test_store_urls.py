@@ -14,6 +14,7 @@ from kairos.stores import (
     online_store_from_url,
     redact_url,
 )
+from tests.conftest import REDIS_URL
 
 
 def close(store: OnlineStore) -> None:
@@ -53,7 +54,7 @@ def test_sqlite_url_without_a_file(url: str) -> None:
 
 
 def test_redis_url_with_a_prefix() -> None:
-    store = online_store_from_url("redis://127.0.0.1:6379/0?prefix=test123")
+    store = online_store_from_url(f"{REDIS_URL}?prefix=test123")
     try:
         assert isinstance(store, RedisOnlineStore)
         assert store.prefix == "test123"

@@ -10,10 +10,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, sync_playwright
 
-CHROMIUM = Path("/usr/bin/chromium")
+from tests.conftest import CHROMIUM, need_chromium
+
 FLAGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -23,14 +23,6 @@ FLAGS = [
 ]
 SHOTS = Path(__file__).parents[2] / "build" / "ui-screenshots"
 SCREENSHOTS = Path(os.environ.get("KAIROS_UI_SCREENSHOTS", SHOTS))
-
-
-def need_chromium() -> None:
-    """Skip where no chromium is installed, except under CI, where `make test` installs it."""
-    if not CHROMIUM.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
-        pytest.skip(f"{CHROMIUM} is missing: `apt-get install chromium` (make test does, as root)")
 
 
 @contextmanager
