@@ -5,26 +5,21 @@ served it and what it cost; and the plan's fingerprint."""
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import pytest
 from sklearn.linear_model import LinearRegression
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
 import kairos as kr
 from kairos import DataFrame, FeatureTime, Windowed, _, feature, features, online, windowed
 from kairos.gateway import Gateway, GatewayConfig
 from kairos.project.config import Config
 from kairos.stores.query_log import LoggedQuery
-from tests.gateway.fake_upstream import ServerThread
+from tests.gateway.fake_upstream import FakeUpstream, ServerThread
 
 T1 = datetime(2026, 6, 1, 12, tzinfo=UTC)
 
@@ -288,12 +283,15 @@ PROMPT_TOKENS = 41
 COMPLETION_TOKENS = 9
 
 
-class Upstream:
+class Upstream(FakeUpstream):
     """An OpenAI-compatible provider over real HTTP: keeps every request body it got, and
     streams a scripted answer naming the buyer of the prompt, with fixed usage."""
 
+    pieces = 2
+    pause = 0.005
+
     def __init__(self) -> None:
-        self.received: list[dict[str, Any]] = []
+        super().__init__()
         self.cached = 0  # prompt tokens reported as read from the provider's prompt cache
 
     @staticmethod
@@ -301,13 +299,8 @@ class Upstream:
         text = body["messages"][-1]["content"]
         return f"verdict for {text.split(':')[0]}: fine"
 
-    def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
-
-    async def chat(self, request: Request) -> Response:
-        body = orjson.loads(await request.body())
-        self.received.append(body)
-        text = self.answer(body)
+    def reply(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        assert body.get("stream"), "the LLM resolver streams"
         usage: dict[str, Any] = {
             "prompt_tokens": PROMPT_TOKENS,
             "completion_tokens": COMPLETION_TOKENS,
@@ -315,22 +308,7 @@ class Upstream:
         }
         if self.cached:
             usage["prompt_tokens_details"] = {"cached_tokens": self.cached}
-        assert body.get("stream"), "the LLM resolver streams"
-
-        async def stream() -> AsyncIterator[bytes]:
-            for piece in (text[:5], text[5:]):
-                chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1,
-                         "model": body["model"],
-                         "choices": [{"index": 0, "delta": {"content": piece},
-                                      "finish_reason": None}]}  # fmt: skip
-                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
-                await asyncio.sleep(0.005)
-            last = {"id": "c1", "object": "chat.completion.chunk", "created": 1,
-                    "model": body["model"], "choices": [], "usage": usage}  # fmt: skip
-            yield b"data: " + orjson.dumps(last) + b"\n\n"
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        return self.answer(body), usage
 
 
 @pytest.fixture(scope="module")

@@ -4,21 +4,16 @@ the real gateway to a scripted provider, the Markdown + PNG report, and `log.to_
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import pandas as pd
 import pytest
 from sklearn import metrics as skm
 from sklearn.linear_model import LogisticRegression
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
 import kairos as kr
 from kairos import _, features, online
@@ -28,7 +23,7 @@ from kairos.gateway import Gateway, GatewayConfig
 from kairos.project.config import Config
 from kairos.project.offline import OfflineResult
 from kairos.stores.datasets import DatasetVersion
-from tests.gateway.fake_upstream import ServerThread
+from tests.gateway.fake_upstream import FakeUpstream, ServerThread
 
 T = datetime(2026, 7, 1, 9, tzinfo=UTC)
 SINCE = T - timedelta(minutes=1)
@@ -280,15 +275,13 @@ def guest_name(gid: Guest.id) -> Guest.name:
     return f"Guest {gid}"
 
 
-class Provider:
+class Provider(FakeUpstream):
     """Streams feature answers ("Greet X" -> "Hello, X!"; a JSON prompt is echoed) and answers
     the judge unstreamed: yes when the reference is in the answer and the answer greets."""
 
-    def __init__(self) -> None:
-        self.judged: list[dict[str, Any]] = []
-
-    def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+    @property
+    def judged(self) -> list[dict[str, Any]]:
+        return [body for body in self.received if body["model"] == "judge-1"]
 
     @staticmethod
     def verdict(question: str) -> str:
@@ -297,34 +290,13 @@ class Provider:
         greets = answer.startswith("Hello")
         return "Yes." if greets and reference.casefold() in answer.casefold() else "No"
 
-    async def chat(self, request: Request) -> Response:
-        body = orjson.loads(await request.body())
+    def reply(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
-        if body["model"] == "judge-1":
-            self.judged.append(body)
-            text = self.verdict(body["messages"][-1]["content"])
-            reply = {
-                "id": "j1", "object": "chat.completion", "created": 1, "model": body["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": "stop"}],
-                "usage": usage,
-            }  # fmt: skip
-            return Response(orjson.dumps(reply), media_type="application/json")
         prompt = body["messages"][-1]["content"]
+        if body["model"] == "judge-1":
+            return self.verdict(prompt), usage
         text = prompt if prompt.startswith("{") else f"Hello, {prompt.removeprefix('Greet ')}!"
-
-        async def stream() -> AsyncIterator[bytes]:
-            chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1,
-                     "model": body["model"],
-                     "choices": [{"index": 0, "delta": {"content": text},
-                                  "finish_reason": None}]}  # fmt: skip
-            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
-            last = {"id": "c1", "object": "chat.completion.chunk", "created": 1,
-                    "model": body["model"], "choices": [], "usage": usage}  # fmt: skip
-            yield b"data: " + orjson.dumps(last) + b"\n\n"
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        return text, usage
 
 
 @pytest.fixture(scope="module")

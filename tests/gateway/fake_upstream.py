@@ -31,6 +31,11 @@ a terminal event, `failing` ends with `response.failed` (usage in it), `late` se
 
 `cut` and `truncated` apply to chat, completions and /v1/messages streams alike.
 
+A test that needs answers of its own (the LLM features', the evaluation judge's) subclasses
+`FakeUpstream` and overrides `reply(body)`: its chat calls are answered with that text and
+usage, whole or streamed in `pieces` chunks `pause` seconds apart (`last(body)` adds fields to
+the usage chunk), in place of the scripted modes. This is the one fake provider of the suite.
+
 `ServerThread` runs any ASGI app with uvicorn on a free localhost port in a thread;
 `close_delimited` serves one on the running loop with bodies that end when the connection does.
 """
@@ -77,6 +82,17 @@ class FakeUpstream:
         self.cache: dict[str, dict[str, int]] = {}
         self.remote_image = (4096, 1536)  # the size of every image sent by URL (not fetched)
         self.tool_input: dict[str, Any] = {"city": "Paris"}  # what `tool_use` answers
+
+    pieces = 1  # a `reply` streamed: its text in this many chunks
+    pause = 0.0  # seconds before each chunk of a streamed `reply`
+
+    def reply(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+        """A subclass's own answer to a chat call, (text, OpenAI usage); None: the modes."""
+        return None
+
+    def last(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Fields a subclass adds to a streamed `reply`'s usage chunk."""
+        return {}
 
     def app(self) -> Starlette:
         return Starlette(
@@ -128,6 +144,9 @@ class FakeUpstream:
         body, mode, failure = await self._begin(request)
         if failure:
             return failure
+        reply = self.reply(body)
+        if reply is not None:
+            return self._reply(body, *reply)
         if mode == "tools" and not body.get("stream"):
             return _json(self._scripted(body))
         if mode == "tool_use":
@@ -190,6 +209,36 @@ class FakeUpstream:
             yield b"data: " + orjson.dumps(chunk) + b"\n\n"
         yield b"data: [DONE]\n\n"
         self.finished_streams += 1
+
+    def _reply(self, body: dict[str, Any], text: str, usage: dict[str, Any]) -> Response:
+        if not body.get("stream"):
+            return _json({
+                "id": "chatcmpl-fake", "object": "chat.completion", "created": 1,
+                "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "stop"}],
+                "usage": usage,
+            })  # fmt: skip
+        size = max(len(text) // self.pieces, 1)
+        pieces = [text[i * size : (i + 1) * size] for i in range(self.pieces - 1)]
+        pieces.append(text[(self.pieces - 1) * size :])
+        last = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1,
+                "model": body["model"], "choices": [], "usage": usage}  # fmt: skip
+        last.update(self.last(body))
+
+        async def stream() -> AsyncIterator[bytes]:
+            for piece in pieces:
+                if self.pause:
+                    await asyncio.sleep(self.pause)
+                chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1,
+                         "model": body["model"],
+                         "choices": [{"index": 0, "delta": {"content": piece},
+                                      "finish_reason": None}]}  # fmt: skip
+                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+            yield b"data: " + orjson.dumps(last) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
 
     def _tools_called(self, body: dict[str, Any], anthropic: bool) -> list[str]:
         """The names of the tools a `tool_use` answer calls."""

@@ -4,26 +4,21 @@ output, the key's allow-list and budget, and templates checked when the project 
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pydantic
 import pytest
 import tiktoken
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
 import kairos as kr
 from kairos import DataFrame, FeatureTime, Windowed, _, features, online, windowed
 from kairos.errors import DefinitionError
 from kairos.gateway import Gateway, GatewayConfig
 from kairos.llm.prompts import TEMPLATE
-from tests.gateway.fake_upstream import ServerThread
+from tests.gateway.fake_upstream import FakeUpstream, ServerThread
 
 T0 = datetime(2026, 5, 1, 12, tzinfo=UTC)
 FORMAT_TOKENS = 7  # what the fake provider adds for chat formatting
@@ -34,52 +29,28 @@ def tokens(text: str) -> int:
     return len(ENCODING.encode(text, disallowed_special=()))
 
 
-class Provider:
+class Provider(FakeUpstream):
     """Answers a chat with "seen: <last message>" (or JSON when a schema is asked), streamed in
     three pieces, and counts prompt tokens like a real engine: contents plus formatting."""
 
+    pieces = 3
+    pause = 0.01
+
     def __init__(self) -> None:
-        self.received: list[dict[str, Any]] = []
+        super().__init__()
         self.answer_json: dict[str, Any] = {"label": "risky", "score": 0.75}
 
-    def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
-
-    async def chat(self, request: Request) -> Response:
-        body = orjson.loads(await request.body())
-        self.received.append(body)
+    def reply(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         if "response_format" in body:
             text = json.dumps(self.answer_json)
         else:
             text = "seen: " + body["messages"][-1]["content"]
         prompt = sum(tokens(m["content"]) for m in body["messages"]) + FORMAT_TOKENS
-        usage = {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
-        if not body.get("stream"):
-            reply = {
-                "id": "c1", "object": "chat.completion", "created": 1, "model": body["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": "stop"}],
-                "usage": usage,
-            }  # fmt: skip
-            return Response(orjson.dumps(reply), media_type="application/json")
+        return text, {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
 
-        async def stream() -> AsyncIterator[bytes]:
-            third = max(len(text) // 3, 1)
-            for piece in (text[:third], text[third : 2 * third], text[2 * third :]):
-                await asyncio.sleep(0.01)
-                chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1,
-                         "model": body["model"],
-                         "choices": [{"index": 0, "delta": {"content": piece},
-                                      "finish_reason": None}]}  # fmt: skip
-                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
-            last = {"id": "c1", "object": "chat.completion.chunk", "created": 1,
-                    "model": body["model"], "choices": [], "usage": usage,
-                    "kairos_timings": {"queue_ms": 1.5, "ttft_ms": 0.5, "decode_ms": 0.25,
-                                       "tokens_per_s": 1e6}}  # fmt: skip
-            yield b"data: " + orjson.dumps(last) + b"\n\n"
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
+    def last(self, body: dict[str, Any]) -> dict[str, Any]:
+        timings = {"queue_ms": 1.5, "ttft_ms": 0.5, "decode_ms": 0.25, "tokens_per_s": 1e6}
+        return {"kairos_timings": timings}
 
 
 @pytest.fixture(scope="module")
