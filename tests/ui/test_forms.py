@@ -1,4 +1,4 @@
-"""Regressions found in review: a deep link keeps its whole query through sign-in, a form's
+"""The dashboard's forms: a deep link keeps its whole query through the sign-in form, a form's
 POST signs in back to the dashboard (not to a URL only POST answers), a form body past its
 limit is refused before it is read whole, and an alias form's version that is no plain small
 number is a 400 naming the field (never a 500)."""
