@@ -1,5 +1,5 @@
-"""README's "HTTP endpoints" section lists every route `kairos serve` and `kairos gateway
-serve` answer, with its method: a route added without a line there fails here."""
+"""The "HTTP endpoints" section of docs/server.md lists every route `kairos serve` and `kairos
+gateway serve` answer, with its method: a route added without a line there fails here."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from kairos.gateway.app import create_gateway_app
 from kairos.ui.app import UI
 from kairos.ui.gateway import routes as gateway_routes
 
-README = Path(__file__).parents[2] / "README.md"
+SERVER_DOC = Path(__file__).parents[2] / "docs" / "server.md"
 
 
 def _section() -> str:
-    return README.read_text().split("\n### HTTP endpoints\n", 1)[1].split("\n### ", 1)[0]
+    return SERVER_DOC.read_text().split("\n## HTTP endpoints\n", 1)[1].split("\n## ", 1)[0]
 
 
 def _listed(text: str) -> set[tuple[str, str]]:
@@ -50,7 +50,7 @@ def test_every_route_of_kairos_serve_is_listed(app: Starlette) -> None:
     routes = set(_walk(app.routes))
     assert len(routes) > 30  # the walk reached the models' routes and the dashboard's
     missing = routes - _listed(_server_part(_section()))
-    assert not missing, f"routes of kairos serve missing from README's HTTP endpoints: {missing}"
+    assert not missing, f"routes of kairos serve missing from docs/server.md: {missing}"
 
 
 @pytest.mark.anyio
@@ -72,4 +72,4 @@ async def test_every_route_of_kairos_gateway_serve_is_listed(tmp_path: Path) -> 
         await gateway.close()
     assert ("POST", "/v1/chat/completions") in routes and ("GET", "/ui/gateway") in routes
     missing = routes - _listed(_gateway_part(_section()))
-    assert not missing, f"gateway routes missing from README's HTTP endpoints: {missing}"
+    assert not missing, f"gateway routes missing from docs/server.md: {missing}"
