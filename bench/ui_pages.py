@@ -69,8 +69,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import kairos as kr
 from kairos.gateway import Gateway, GatewayConfig
+from kairos.gateway.accounting.ledger import LedgerRow
 from kairos.gateway.app import create_gateway_app
-from kairos.gateway.ledger import LedgerRow
 from kairos.server import create_app
 from kairos.stores.query_log import LoggedQuery, LoggedValue
 from kairos.stores.query_log.records import _encode_record

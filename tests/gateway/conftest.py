@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from kairos.gateway import Gateway, GatewayConfig, Stream
+from kairos.gateway.accounting.ledger import LedgerRow
 from kairos.gateway.app import create_gateway_app
-from kairos.gateway.ledger import LedgerRow
 from tests.gateway.fake_upstream import FakeUpstream, ServerThread
 
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"

@@ -16,14 +16,14 @@ import yaml
 
 from kairos.cli.main import main
 from kairos.gateway import Gateway
-from kairos.gateway.accounting import Accountant
-from kairos.gateway.anthropic import usage_as_openai
+from kairos.gateway.accounting.accountant import Accountant, Usage
+from kairos.gateway.accounting.prices import Price
 from kairos.gateway.errors import GatewayConfigError, InvalidRequest
 from kairos.gateway.keys import Budget, KeyRecord, new_key
-from kairos.gateway.prices import Price
-from kairos.gateway.providers import Usage, openai_usage
-from kairos.gateway.requests import check_chat, check_completion
-from kairos.gateway.storage import counters_from_url
+from kairos.gateway.providers.anthropic import usage_as_openai
+from kairos.gateway.providers.base import openai_usage
+from kairos.gateway.store import counters_from_url
+from kairos.gateway.wire.openai import check_chat, check_completion
 from tests.gateway.conftest import ADMIN_KEY, ENVIRON, config, deployment
 from tests.gateway.conftest import new_key as served_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread

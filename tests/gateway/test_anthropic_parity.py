@@ -18,8 +18,8 @@ import pytest
 import tiktoken
 
 from kairos.gateway import Gateway
-from kairos.gateway.anthropic import from_anthropic
 from kairos.gateway.app import create_gateway_app
+from kairos.gateway.providers.anthropic import from_anthropic
 from tests.gateway.conftest import (
     PROVIDER_SECRET,
     closed_after_test,

@@ -21,7 +21,7 @@ from kairos.gateway.app import create_gateway_app
 from kairos.gateway.calls import Call
 from kairos.gateway.errors import InternalError
 from kairos.gateway.keys import KeyRecord
-from kairos.gateway.openai_compatible import OpenAICompatible
+from kairos.gateway.providers.openai_compatible import OpenAICompatible
 from kairos.http.client import HTTPClient, HTTPFailure
 from tests.gateway.conftest import config, deployment, new_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread

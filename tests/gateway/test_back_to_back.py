@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from kairos.gateway import Gateway
-from kairos.gateway.accounting import input_bound
+from kairos.gateway.accounting.accountant import input_bound
 from tests.gateway.conftest import new_key
 from tests.gateway.fake_upstream import TOKENS_IN, ServerThread
 

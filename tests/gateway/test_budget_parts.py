@@ -19,14 +19,19 @@ import psycopg.sql
 import pytest
 
 from kairos.gateway import BudgetExceeded, Gateway
-from kairos.gateway.accounting import TOOL_TOKENS, TOOLS_PROMPT_TOKENS, input_bound
-from kairos.gateway.anthropic import usage_as_anthropic, usage_as_openai
+from kairos.gateway.accounting.accountant import (
+    TOOL_TOKENS,
+    TOOLS_PROMPT_TOKENS,
+    Usage,
+    input_bound,
+)
+from kairos.gateway.accounting.ledger import LedgerRow, summarize
 from kairos.gateway.errors import InvalidRequest
-from kairos.gateway.ledger import LedgerRow, summarize
-from kairos.gateway.providers import Usage, openai_usage
-from kairos.gateway.requests import input_parts
-from kairos.gateway.responses import response_usage
-from kairos.gateway.storage import registry_from_url
+from kairos.gateway.providers.anthropic import usage_as_anthropic, usage_as_openai
+from kairos.gateway.providers.base import openai_usage
+from kairos.gateway.store import registry_from_url
+from kairos.gateway.wire.openai import input_parts
+from kairos.gateway.wire.responses import response_usage
 from tests.gateway.conftest import PG_URL, config, deployment
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream
 

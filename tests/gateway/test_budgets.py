@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from kairos.gateway import BudgetExceeded, Gateway, RateLimited
-from kairos.gateway.accounting import input_bound
+from kairos.gateway.accounting.accountant import input_bound
 from kairos.gateway.errors import AccountingUnavailable
 from tests.gateway.conftest import config, new_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from kairos.gateway.counters import Line
-from kairos.gateway.storage import counters_from_url
+from kairos.gateway.accounting.counters import Line
+from kairos.gateway.store import counters_from_url
 
 
 def test_hold_is_all_or_nothing_and_settle_is_idempotent(counters_url: str) -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 
 from kairos.gateway import Gateway, GatewayConfig, app, edge
-from kairos.gateway.accounting import Accountant
+from kairos.gateway.accounting.accountant import Accountant
+from kairos.gateway.accounting.prices import Price
 from kairos.gateway.app import create_gateway_app
 from kairos.gateway.keys import Budget, KeyRecord
-from kairos.gateway.prices import Price
-from kairos.gateway.storage import counters_from_url
+from kairos.gateway.store import counters_from_url
 from kairos.http import client, server
 from tests.gateway.conftest import ENVIRON, config, new_key
 from tests.gateway.fake_upstream import FakeUpstream, ServerThread

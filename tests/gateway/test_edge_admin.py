@@ -25,12 +25,12 @@ import yaml
 
 from kairos.cli.main import main
 from kairos.gateway import Gateway, GatewayConfig
-from kairos.gateway.accounting import input_bound, seconds_to_reset
+from kairos.gateway.accounting.accountant import input_bound, seconds_to_reset
 from kairos.gateway.app import create_gateway_app
 from kairos.gateway.edge import DRAIN_BYTES, MAX_BODY
 from kairos.gateway.errors import GatewayConfigError
 from kairos.gateway.keys import MAX_AMOUNT, MAX_PER_MINUTE
-from kairos.gateway.requests import input_parts
+from kairos.gateway.wire.openai import input_parts
 from tests.gateway.conftest import (
     ADMIN_KEY,
     ENVIRON,

@@ -17,7 +17,7 @@ import pytest
 
 from kairos.gateway import Gateway, GatewayConfig
 from kairos.gateway.app import create_gateway_app
-from kairos.gateway.scrub import Secrets
+from kairos.gateway.providers.scrub import Secrets
 from tests.gateway.conftest import (
     ADMIN_KEY,
     ENVIRON,

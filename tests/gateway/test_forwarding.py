@@ -13,10 +13,10 @@ import orjson
 import pytest
 
 from kairos.gateway import Gateway
-from kairos.gateway.accounting import input_bound
+from kairos.gateway.accounting.accountant import input_bound
 from kairos.gateway.errors import GatewayConfigError
 from kairos.gateway.keys import KeyRecord
-from kairos.gateway.messages import messages_to_chat
+from kairos.gateway.wire.messages import messages_to_chat
 from tests.gateway.conftest import config, deployment
 from tests.gateway.fake_upstream import FakeUpstream
 

@@ -26,10 +26,10 @@ import pytest
 import yaml
 
 from kairos.cli.main import main
-from kairos.gateway.accounting import input_bound
-from kairos.gateway.counters import Line
-from kairos.gateway.ledger import LedgerRow, LedgerWriter
-from kairos.gateway.storage import counters_from_url, registry_from_url
+from kairos.gateway.accounting.accountant import input_bound
+from kairos.gateway.accounting.counters import Line
+from kairos.gateway.accounting.ledger import LedgerRow, LedgerWriter
+from kairos.gateway.store import counters_from_url, registry_from_url
 from tests.gateway.conftest import (
     ADMIN_KEY,
     ENVIRON,

@@ -21,8 +21,8 @@ import orjson
 import pytest
 
 from kairos.gateway import Gateway
+from kairos.gateway.accounting.ledger import LedgerRow
 from kairos.gateway.app import create_gateway_app
-from kairos.gateway.ledger import LedgerRow
 from tests.gateway.conftest import config, deployment, new_key
 from tests.gateway.fake_upstream import TOKENS_IN, FakeUpstream, ServerThread
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from kairos.gateway import Gateway
+from kairos.gateway.accounting.ledger import LedgerRow, summarize
 from kairos.gateway.keys import Budget, new_key
-from kairos.gateway.ledger import LedgerRow, summarize
-from kairos.gateway.storage import registry_from_url
+from kairos.gateway.store import registry_from_url
 from tests.gateway.conftest import (
     PG_URL,
     REDIS_URL,

@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from kairos.gateway import Gateway, Stream
-from kairos.gateway.accounting import input_bound
+from kairos.gateway.accounting.accountant import input_bound
 from kairos.gateway.app import create_gateway_app
-from kairos.gateway.requests import input_parts
+from kairos.gateway.wire.openai import input_parts
 from tests.gateway.conftest import (
     PROVIDER_SECRET,
     closed_after_test,

@@ -15,8 +15,8 @@ import pytest
 from kairos.gateway import BudgetExceeded, Gateway
 from kairos.gateway.config import ProviderConfig
 from kairos.gateway.errors import InvalidRequest, UpstreamError
-from kairos.gateway.openai_compatible import OpenAICompatible
-from kairos.gateway.responses_chat import usage_as_responses
+from kairos.gateway.providers.openai_compatible import OpenAICompatible
+from kairos.gateway.providers.responses_chat import usage_as_responses
 from tests.gateway.conftest import PROVIDER_SECRET, config, new_key
 from tests.gateway.fake_upstream import FakeUpstream, ServerThread
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kairos.gateway import Gateway, GatewayConfig, UpstreamError
-from kairos.gateway.router import Router
+from kairos.gateway.providers.router import Router
 from tests.gateway.conftest import config, deployment
 from tests.gateway.fake_upstream import FakeUpstream
 

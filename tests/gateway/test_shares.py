@@ -8,9 +8,9 @@ import asyncio
 import random
 import time
 
-from kairos.gateway.counters import Line
-from kairos.gateway.shares import SharedCounters
-from kairos.gateway.storage import counters_from_url
+from kairos.gateway.accounting.counters import Line
+from kairos.gateway.accounting.shares import SharedCounters
+from kairos.gateway.store import counters_from_url
 
 
 def test_holds_come_from_a_share_and_the_store_ends_exact(counters_url: str) -> None:

@@ -29,8 +29,8 @@ from kairos.cli.server_logging import configure_logging
 from kairos.cli.tables import show
 from kairos.errors import KairosError
 from kairos.gateway import Gateway
+from kairos.gateway.accounting.ledger import period_bound, summarize
 from kairos.gateway.app import create_gateway_app
-from kairos.gateway.ledger import period_bound, summarize
 from kairos.http.server import serve
 from kairos.project.config import LoggingConfig
 from kairos.project.deployments import LocalDeployments

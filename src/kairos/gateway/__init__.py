@@ -12,7 +12,7 @@ from kairos.gateway.errors import (
 )
 from kairos.gateway.gateway import Gateway
 from kairos.gateway.keys import Budget, KeyRecord
-from kairos.gateway.streams import Stream
+from kairos.gateway.wire.streams import Stream
 
 __all__ = [
     "Budget",

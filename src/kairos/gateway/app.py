@@ -32,6 +32,7 @@ from prometheus_client import generate_latest
 
 from kairos import telemetry
 from kairos.errors import did_you_mean
+from kairos.gateway.accounting.ledger import period_bound, summarize
 from kairos.gateway.bounds import shown
 from kairos.gateway.edge import (
     BodyDeadline,
@@ -49,11 +50,10 @@ from kairos.gateway.edge import (
 )
 from kairos.gateway.errors import GatewayError, InvalidRequest, Unauthenticated, UnknownModel
 from kairos.gateway.gateway import Gateway
-from kairos.gateway.ledger import period_bound, summarize
-from kairos.gateway.messages import chat_to_message, message_events, messages_to_chat
 from kairos.gateway.metrics import GatewayMetrics
 from kairos.gateway.openapi import openapi_document
-from kairos.gateway.streams import Stream
+from kairos.gateway.wire.messages import chat_to_message, message_events, messages_to_chat
+from kairos.gateway.wire.streams import Stream
 from kairos.http.access import log_access
 from kairos.http.types import Receive, Scope, Send
 

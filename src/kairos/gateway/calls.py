@@ -21,17 +21,20 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kairos import telemetry
-from kairos.gateway import requests
-from kairos.gateway.accounting import (
+from kairos.gateway.accounting.accountant import (
     Accountant,
     Hold,
     Settlement,
+    Usage,
     check_bounded,
     input_bound,
     key_reset,
     new_id,
     parts_bound,
 )
+from kairos.gateway.accounting.ledger import LedgerRow, LedgerWriter
+from kairos.gateway.accounting.prices import Price
+from kairos.gateway.accounting.shares import SharedCounters
 from kairos.gateway.bounds import MAX_MODEL_NAME
 from kairos.gateway.config import Deployment, GatewayConfig
 from kairos.gateway.errors import (
@@ -45,15 +48,13 @@ from kairos.gateway.errors import (
     UpstreamError,
 )
 from kairos.gateway.keys import KeyRecord
-from kairos.gateway.ledger import LedgerRow, LedgerWriter
-from kairos.gateway.prices import Price
-from kairos.gateway.providers import Provider, Usage, openai_usage
-from kairos.gateway.responses import response_usage
-from kairos.gateway.router import Router
-from kairos.gateway.scrub import Secrets
-from kairos.gateway.shares import SharedCounters
-from kairos.gateway.streams import ResponseStream, Stream
+from kairos.gateway.providers.base import Provider, openai_usage
+from kairos.gateway.providers.router import Router
+from kairos.gateway.providers.scrub import Secrets
 from kairos.gateway.tracing import CallSpans, stream_ended, traced_attempt
+from kairos.gateway.wire import openai
+from kairos.gateway.wire.responses import response_usage
+from kairos.gateway.wire.streams import ResponseStream, Stream
 
 _FREE = Price(0, 0)  # an unpriced model, for keys without a USD budget
 # the field a capped call's output limit goes in (chat: the provider's `token_field`)
@@ -116,7 +117,7 @@ class Call:
         self.gateway = gateway
         self.served = served  # filled with who served the call and at what price, if given
         self.answers = answers  # n, and each prompt of a completion: the hold covers them all
-        self.parts = requests.input_parts(body)  # the parts bounded per deployment (images)
+        self.parts = openai.input_parts(body)  # the parts bounded per deployment (images)
         self.bound = input_bound(self.parts.text_bytes, messages)  # the text's bound
         self.key = key
         self.kind = kind

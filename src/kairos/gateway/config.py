@@ -40,9 +40,9 @@ from typing import Any
 import yaml
 
 from kairos.definitions.durations import parse_duration
+from kairos.gateway.accounting.prices import Price, PriceTable, parse_price, shipped_prices
 from kairos.gateway.bounds import MAX_TOKENS
 from kairos.gateway.errors import GatewayConfigError
-from kairos.gateway.prices import Price, PriceTable, parse_price, shipped_prices
 
 STRATEGIES = ("priority", "weighted", "least-busy", "lowest-latency")
 PROVIDER_KINDS = ("openai", "anthropic")
@@ -124,7 +124,7 @@ class GatewayConfig:
     stream_drain: float = 60.0  # seconds upstream is read on after a client disconnects
     key_cache: float = 1.0  # seconds a key's record is reused before it is read again
     body_timeout: float = 30.0  # seconds a request body may take to arrive (then 408, close)
-    # calls' worst cases a process reserves at once per key (gateway/shares.py); 0: none
+    # calls' worst cases a process reserves at once per key (accounting/shares.py); 0: none
     budget_shares: int = 16
     # the output held as a call's worst case when it names no limit. Sent upstream (in the
     # provider's token_field) only when the key has budgets or tpm, which need a cap; a key

@@ -20,7 +20,7 @@ import orjson
 
 from kairos.gateway.bounds import cut
 from kairos.gateway.errors import GatewayError, InvalidRequest
-from kairos.gateway.streams import Stream
+from kairos.gateway.wire.streams import Stream
 from kairos.http.types import Message, Receive, Scope, Send
 
 MAX_BODY = 8 * 1024 * 1024

@@ -10,7 +10,7 @@ Every generating call, on every route, goes through `_dispatch` and its `Call` (
 which holds before and settles after each attempt. `count_tokens` generates nothing: it asks
 its provider itself, after a hold that counts it against the key's rpm, and is logged as a
 Call's rows are (route count_tokens, no tokens, no cost). A streamed answer is a `Stream`
-(streams.py).
+(wire/streams.py).
 """
 
 from __future__ import annotations
@@ -26,12 +26,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kairos import telemetry
-from kairos.gateway import requests
-from kairos.gateway.accounting import PROCESS, Accountant
-from kairos.gateway.anthropic import AnthropicProvider
+from kairos.gateway.accounting.accountant import PROCESS, Accountant
+from kairos.gateway.accounting.counters import Counters
+from kairos.gateway.accounting.ledger import LedgerRow, LedgerWriter
+from kairos.gateway.accounting.prices import Price
+from kairos.gateway.accounting.recovery import recover
+from kairos.gateway.accounting.shares import SharedCounters
 from kairos.gateway.calls import Call
 from kairos.gateway.config import GatewayConfig, ProviderConfig
-from kairos.gateway.counters import Counters
 from kairos.gateway.errors import (
     GatewayConfigError,
     GatewayError,
@@ -41,20 +43,18 @@ from kairos.gateway.errors import (
     UpstreamError,
 )
 from kairos.gateway.keys import KeyRecord, key_id, key_spec, new_key
-from kairos.gateway.ledger import LedgerRow, LedgerWriter
-from kairos.gateway.messages import count_request
-from kairos.gateway.openai_compatible import OpenAICompatible
-from kairos.gateway.prices import Price
-from kairos.gateway.providers import Provider
-from kairos.gateway.recovery import recover
-from kairos.gateway.registry import Registry
-from kairos.gateway.responses import check_responses
-from kairos.gateway.router import Router
-from kairos.gateway.scrub import Secrets
-from kairos.gateway.shares import SharedCounters
-from kairos.gateway.storage import counters_from_url, registry_from_url
-from kairos.gateway.streams import Stream
+from kairos.gateway.providers.anthropic import AnthropicProvider
+from kairos.gateway.providers.base import Provider
+from kairos.gateway.providers.openai_compatible import OpenAICompatible
+from kairos.gateway.providers.router import Router
+from kairos.gateway.providers.scrub import Secrets
+from kairos.gateway.store import counters_from_url, registry_from_url
+from kairos.gateway.store.registry import Registry
 from kairos.gateway.tracing import traced_call
+from kairos.gateway.wire import openai
+from kairos.gateway.wire.messages import count_request, tokenizer_count
+from kairos.gateway.wire.responses import check_responses
+from kairos.gateway.wire.streams import Stream
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +91,8 @@ class Gateway:
             providers = {n: provider_for(p) for n, p in config.providers.items()}
         self.providers = providers
         self.router = Router(config)
-        self.secrets = Secrets.of(config)  # masked in every text that leaves (scrub.py)
-        # holds are served from budget shares in memory while a key has room (shares.py)
+        self.secrets = Secrets.of(config)  # masked in every text that leaves (providers/scrub.py)
+        # holds are served from budget shares in memory while a key has room (accounting/shares.py)
         self.shares = SharedCounters(self.counters, depth=config.budget_shares, lease=config.lease)
         self.accountant = Accountant(self.shares, lease=config.lease, settles=self._settles)
         self.ledger = LedgerWriter(self.registry)
@@ -118,8 +118,8 @@ class Gateway:
 
     async def start(self) -> None:
         """Mark this process alive in the registry, then recover the calls of gateway
-        processes that died (recovery.py). Once; the first call waits for it (the HTTP app
-        runs it as it starts)."""
+        processes that died (accounting/recovery.py). Once; the first call waits for it (the
+        HTTP app runs it as it starts)."""
         async with self._starting:
             if self._started:
                 return
@@ -246,23 +246,23 @@ class Gateway:
         `served` dict is filled with the request id, provider, deployment and attempts of the
         attempt that answered, and `cost` (usage -> micro-dollars at its price): what a
         decision record keeps."""
-        model, stream, wanted, parts = requests.check_chat(body, self.config.default_max_tokens)
+        model, stream, wanted, parts = openai.check_chat(body, self.config.default_max_tokens)
         return await self._dispatch(
-            key, "chat", "chat", body, model, stream, wanted, parts, requests.choices(body),
+            key, "chat", "chat", body, model, stream, wanted, parts, openai.choices(body),
             served=served,
         )  # fmt: skip
 
     async def completion(
         self, key: KeyRecord | str, body: dict[str, Any]
     ) -> dict[str, Any] | Stream:
-        model, stream, wanted, prompts = requests.check_completion(body)
-        answers = prompts * requests.choices(body)  # n answers to each prompt
+        model, stream, wanted, prompts = openai.check_completion(body)
+        answers = prompts * openai.choices(body)  # n answers to each prompt
         return await self._dispatch(
             key, "completion", "completion", body, model, stream, wanted, prompts, answers
         )
 
     async def embedding(self, key: KeyRecord | str, body: dict[str, Any]) -> dict[str, Any]:
-        model, parts = requests.check_embedding(body)
+        model, parts = openai.check_embedding(body)
         reply = await self._dispatch(key, "embedding", "embedding", body, model, False, 0, parts)
         if isinstance(reply, Stream):  # a call that is not streamed answers whole
             raise TypeError("an embedding call returned a stream")
@@ -282,7 +282,7 @@ class Gateway:
         self, key: KeyRecord | str, chat_body: dict[str, Any]
     ) -> dict[str, Any] | Stream:
         """A /v1/messages call, already translated to a chat body; logged as route messages."""
-        model, stream, wanted, parts = requests.check_chat(
+        model, stream, wanted, parts = openai.check_chat(
             chat_body, self.config.default_max_tokens, stop_field="stop_sequences"
         )
         if stream:
@@ -324,6 +324,8 @@ class Gateway:
             upstream = {**body, "model": deployment.model}
             provider = self.providers[deployment.provider]
             tokens = await provider.count_tokens(upstream, deployment.timeout)
+            if tokens is None:  # no count endpoint: the model's own tokenizer
+                tokens = tokenizer_count(upstream)
         except GatewayError as error:
             self.secrets.scrub_error(error)  # whatever provider built it, no credential leaves
             call.log(None, None, error.code)

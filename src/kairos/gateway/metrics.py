@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from kairos.gateway.ledger import LedgerRow
+from kairos.gateway.accounting.ledger import LedgerRow
 
 UNKNOWN_MODEL = "(unknown)"
 

@@ -16,11 +16,12 @@ from collections.abc import Awaitable
 from typing import Any
 
 from kairos import telemetry
+from kairos.gateway.accounting.accountant import Usage
 from kairos.gateway.config import Deployment
 from kairos.gateway.errors import GatewayError, UpstreamError
-from kairos.gateway.providers import Provider, Usage, openai_usage
-from kairos.gateway.responses import response_usage
-from kairos.gateway.streams import Stream
+from kairos.gateway.providers.base import Provider, openai_usage
+from kairos.gateway.wire.responses import response_usage
+from kairos.gateway.wire.streams import Stream
 
 # `call` below is a kairos.gateway.calls.Call (which imports this module, so it is not named)
 Call = Any

@@ -5,7 +5,7 @@ the fewest outstanding requests, so the gateway's keys, budgets and ledger apply
     config = GatewayConfig.from_mapping({**settings, **gateway_entries(group.name)})
     gateway = Gateway(config, providers={group.name: DeploymentProvider(group)})
 
-It satisfies `kairos.gateway.providers.Provider` structurally; the gateway's own OpenAI client
+It satisfies `kairos.gateway.providers.base.Provider` structurally; the gateway's own OpenAI client
 does the HTTP (its errors are the gateway's `UpstreamError`s, so failover and breakers work).
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from kairos.gateway.config import ProviderConfig
 from kairos.gateway.errors import GatewayConfigError, UpstreamError
-from kairos.gateway.messages import tokenizer_count
-from kairos.gateway.openai_compatible import OpenAICompatible
+from kairos.gateway.providers.openai_compatible import OpenAICompatible
+from kairos.gateway.wire.messages import tokenizer_count
 from kairos.serving.errors import DeploymentError
 from kairos.serving.supervisor import DeploymentGroup, Replica
 

@@ -32,10 +32,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kairos.backends import parse, postgres
 from kairos.gateway import Gateway, KeyRecord
-from kairos.gateway.pg import split_prefix
-from kairos.gateway.prices import Price
-from kairos.gateway.registry_postgres import PostgresRegistry
-from kairos.gateway.registry_sqlite import SQLiteRegistry
+from kairos.gateway.accounting.prices import Price
+from kairos.gateway.store.pg import split_prefix
+from kairos.gateway.store.registry_postgres import PostgresRegistry
+from kairos.gateway.store.registry_sqlite import SQLiteRegistry
 from kairos.ui.app import UI, UIError
 from kairos.ui.charts import Bars, Series, bars, series
 from kairos.ui.traffic import percentile

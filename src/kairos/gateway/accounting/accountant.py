@@ -14,7 +14,7 @@ budget and rate limit of the key, dispatch, then settle to what the call really 
   it (`uncharged_micros`) and a warning is logged. A call the provider accepted but whose usage
   never arrived stays charged in full (as does a hold whose lease runs out); a call that never
   got an answer from the provider is released. Settling twice changes nothing. Reported
-  counts are read as at least 0 (providers.py), and a settled amount is never below 0: a
+  counts are read as at least 0 (providers/base.py), and a settled amount is never below 0: a
   report cannot give back budget.
 * A settle the store refuses (the hold's lease ran out first, or its budget share was given
   back) leaves the full hold charged; the Settlement then is the full hold's (`lapsed`), so
@@ -35,11 +35,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from kairos.gateway.counters import Counters, Line
+from kairos.gateway.accounting.counters import Counters, Line
+from kairos.gateway.accounting.prices import Price
 from kairos.gateway.errors import BudgetExceeded, InvalidRequest, RateLimited
 from kairos.gateway.keys import KeyRecord
-from kairos.gateway.prices import Price
-from kairos.gateway.providers import Usage
 
 logger = logging.getLogger(__name__)
 _CLAMP_TRIES = 5
@@ -48,6 +47,19 @@ _SETTLE_WAITS = 3  # times a refused hold waits for the key's due settles before
 # its mark in the registry while it lives (recovery.py)
 PROCESS = os.urandom(8).hex()
 _COUNTER = itertools.count()
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens a call used, as OpenAI counts them: `cached` (read from the provider's prompt
+    cache) and `written` (written to it) are parts of `input_tokens`; `written_1h` (Anthropic's
+    1-hour cache) is a part of `written`."""
+
+    input_tokens: int
+    output_tokens: int
+    cached: int = 0
+    written: int = 0
+    written_1h: int = 0
 
 
 def new_id() -> str:

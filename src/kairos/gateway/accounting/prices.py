@@ -130,7 +130,7 @@ def parse_price(raw: Any, where: str) -> Price:
 
 def shipped_prices() -> PriceTable:
     """The price table shipped in the package (read on call, not on import)."""
-    text = resources.files("kairos.gateway").joinpath("prices.json").read_text()
+    text = resources.files("kairos.gateway.accounting").joinpath("prices.json").read_text()
     raw = json.loads(text)
     return PriceTable(
         str(raw["version"]),

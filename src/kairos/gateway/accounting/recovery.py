@@ -22,12 +22,23 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Protocol
 
-from kairos.gateway.counters import Counters
-from kairos.gateway.ledger import LedgerRow
-from kairos.gateway.registry import Registry
+from kairos.gateway.accounting.counters import Counters
+from kairos.gateway.accounting.ledger import LedgerRow, LedgerStore
 
 logger = logging.getLogger(__name__)
+
+
+class Processes(LedgerStore, Protocol):
+    """What recovery needs of the registry (store.registry.Registry): the dead processes,
+    their ledger rows, and forgetting a process once recovered."""
+
+    async def dead_processes(self) -> list[str]: ...
+
+    async def process_rows(self, process: str, since: datetime) -> list[LedgerRow]: ...
+
+    async def forget(self, process: str) -> None: ...
 
 
 def charged(held: Mapping[str, int], rows: Sequence[LedgerRow]) -> dict[str, int]:
@@ -46,7 +57,7 @@ def charged(held: Mapping[str, int], rows: Sequence[LedgerRow]) -> dict[str, int
     return actual
 
 
-async def recover(registry: Registry, counters: Counters, *, since: datetime) -> int:
+async def recover(registry: Processes, counters: Counters, *, since: datetime) -> int:
     """Recover every dead process (see the module doc); rows older than `since` that are not
     pending cannot belong to a hold still open. Returns how many calls were interrupted.
 

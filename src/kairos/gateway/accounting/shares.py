@@ -28,8 +28,8 @@ import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
-from kairos.gateway.accounting import new_id
-from kairos.gateway.counters import Counters, Line
+from kairos.gateway.accounting.accountant import new_id
+from kairos.gateway.accounting.counters import Counters, Line
 
 logger = logging.getLogger(__name__)
 

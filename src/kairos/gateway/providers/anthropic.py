@@ -1,7 +1,7 @@
 """Anthropic's Messages API as a provider: OpenAI-shaped chat calls (and Responses calls,
 through chat) served from an Anthropic upstream, translated both ways, streams event by event.
 The other direction, `/v1/messages` callers (the official `anthropic` SDK) on any deployment,
-is messages.py; the usage translation both directions share is here.
+is wire/messages.py; the usage translation both directions share is here.
 
 Nothing is dropped silently: a field either side cannot carry is a 400 naming it. OpenAI chat
 fields, for an Anthropic deployment:
@@ -43,8 +43,8 @@ from kairos.gateway.errors import (
     UpstreamError,
     UpstreamIncomplete,
 )
-from kairos.gateway.providers import event_stream, json_reply, post
-from kairos.gateway.responses_chat import (
+from kairos.gateway.providers.base import event_stream, json_reply, post
+from kairos.gateway.providers.responses_chat import (
     check_fields,
     response_events,
     to_chat,

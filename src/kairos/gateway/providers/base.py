@@ -11,14 +11,14 @@ Credentials go in request headers only; no message built here contains them.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
+from kairos.gateway.accounting.accountant import Usage
 from kairos.gateway.config import ProviderConfig
 from kairos.gateway.errors import UpstreamError
-from kairos.gateway.scrub import Secrets
+from kairos.gateway.providers.scrub import Secrets
 from kairos.http import sse
 from kairos.http.client import HTTPClient, HTTPFailure, Response
 
@@ -28,19 +28,6 @@ PATHS = {
 }  # fmt: skip
 # the events a Responses stream ends with: each carries the response and its usage
 RESPONSE_ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Tokens a call used, as OpenAI counts them: `cached` (read from the provider's prompt
-    cache) and `written` (written to it) are parts of `input_tokens`; `written_1h` (Anthropic's
-    1-hour cache) is a part of `written`."""
-
-    input_tokens: int
-    output_tokens: int
-    cached: int = 0
-    written: int = 0
-    written_1h: int = 0
 
 
 def chunk_usage(raw: bytes) -> Usage | None:
@@ -103,9 +90,10 @@ class Provider(Protocol):
         before anything is held, so a field the provider cannot carry is never dropped."""
         ...
 
-    async def count_tokens(self, body: dict[str, Any], timeout: float) -> int:
+    async def count_tokens(self, body: dict[str, Any], timeout: float) -> int | None:
         """Input tokens of an Anthropic count_tokens body (`body["model"]` is the upstream
-        model); a 400 when they cannot be counted exactly."""
+        model); a 400 when they cannot be counted exactly; None for a provider with no count
+        endpoint (the gateway counts by the model's own tokenizer)."""
         ...
 
     async def close(self) -> None: ...

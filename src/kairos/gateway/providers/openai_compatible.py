@@ -14,8 +14,7 @@ import orjson
 
 from kairos.gateway.config import ProviderConfig
 from kairos.gateway.errors import UnsupportedRoute, UpstreamError, UpstreamIncomplete
-from kairos.gateway.messages import tokenizer_count
-from kairos.gateway.providers import (
+from kairos.gateway.providers.base import (
     PATHS,
     RESPONSE_ENDS,
     event_stream,
@@ -24,7 +23,7 @@ from kairos.gateway.providers import (
     refusal,
     transport_failure,
 )
-from kairos.gateway.scrub import Secrets
+from kairos.gateway.providers.scrub import Secrets
 from kairos.http import sse
 from kairos.http.client import HTTPClient, HTTPFailure
 
@@ -145,8 +144,8 @@ class OpenAICompatible:
     def check(self, kind: str, body: dict[str, Any]) -> None:
         """Nothing to translate: the call goes in the provider's own wire format."""
 
-    async def count_tokens(self, body: dict[str, Any], timeout: float) -> int:
-        return tokenizer_count(body)  # the OpenAI API has no count endpoint
+    async def count_tokens(self, body: dict[str, Any], timeout: float) -> int | None:
+        return None  # the OpenAI API has no count endpoint: the gateway counts by tokenizer
 
     async def close(self) -> None:
         await self._client.close()

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from kairos.gateway.accounting import new_id
+from kairos.gateway.accounting.accountant import new_id
 from kairos.gateway.bounds import cut, shown
 from kairos.gateway.errors import InvalidRequest
 

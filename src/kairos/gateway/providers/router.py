@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kairos.errors import did_you_mean
-from kairos.gateway.breaker import Breaker
 from kairos.gateway.config import Deployment, GatewayConfig
 from kairos.gateway.errors import UnknownModel
+from kairos.gateway.providers.breaker import Breaker
 
 _SMOOTHING = 0.2  # weight of the newest latency in the moving average
 

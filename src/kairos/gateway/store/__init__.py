@@ -2,7 +2,7 @@
 picked by the scheme (parsed once, by kairos.backends), and none connects before first use.
 
 >>> counters_from_url("sqlite:///.kairos/gateway.db")
-<kairos.gateway.counters_sqlite.SQLiteCounters object at ...>
+<kairos.gateway.store.counters_sqlite.SQLiteCounters object at ...>
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kairos.backends import URL, connect, parse
-from kairos.gateway.counters import Counters
-from kairos.gateway.counters_postgres import PostgresCounters
-from kairos.gateway.counters_redis import RedisCounters
-from kairos.gateway.counters_sqlite import SQLiteCounters
+from kairos.gateway.accounting.counters import Counters
 from kairos.gateway.errors import GatewayConfigError
-from kairos.gateway.registry import Registry
-from kairos.gateway.registry_postgres import PostgresRegistry
-from kairos.gateway.registry_sqlite import SQLiteRegistry
+from kairos.gateway.store.counters_postgres import PostgresCounters
+from kairos.gateway.store.counters_redis import RedisCounters
+from kairos.gateway.store.counters_sqlite import SQLiteCounters
+from kairos.gateway.store.registry import Registry
+from kairos.gateway.store.registry_postgres import PostgresRegistry
+from kairos.gateway.store.registry_sqlite import SQLiteRegistry
 
 
 def counters_from_url(url: str) -> Counters:

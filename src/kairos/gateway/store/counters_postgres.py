@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 
 from kairos.backends.postgres import failures_as
-from kairos.gateway.counters import Line, process_holds
-from kairos.gateway.pg import PostgresPool, failed, split_prefix
+from kairos.gateway.accounting.counters import Line, process_holds
+from kairos.gateway.store.pg import PostgresPool, failed, split_prefix
 
 _FAILED = "the gateway's budget store failed"
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kairos.backends.redis import blocking_client, failures_as, is_missing_script
 from kairos.backends.url import take_options
-from kairos.gateway.counters import Line, process_holds
+from kairos.gateway.accounting.counters import Line, process_holds
 from kairos.gateway.errors import AccountingUnavailable
 
 if TYPE_CHECKING:

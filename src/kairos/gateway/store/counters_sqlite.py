@@ -3,7 +3,7 @@ conditional upserts, so processes sharing the file never interleave a check with
 
 A hold's record is written in the same transaction (`gateway_holds`), and deleted in the one
 that settles it: a process that dies leaves its open holds there for the next gateway to
-start to settle (recovery.py). The process that holds keeps a copy in memory too, so its
+start to settle (accounting/recovery.py). The process that holds keeps a copy in memory too, so its
 settles read nothing first.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import orjson
 
 from kairos.backends.sqlite import SQLiteThread
-from kairos.gateway.counters import Line, process_holds
+from kairos.gateway.accounting.counters import Line, process_holds
 from kairos.gateway.errors import AccountingUnavailable
 
 _SCHEMA = """

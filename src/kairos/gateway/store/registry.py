@@ -3,7 +3,7 @@
 The registry also knows which gateway processes are alive: each one `attach`es before its
 first call (it holds a lock that the operating system or the database lets go of when the
 process dies, however it dies), so a gateway that starts can tell the calls of a dead process
-from those of a live one and recover only the former (recovery.py)."""
+from those of a live one and recover only the former (accounting/recovery.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Protocol
 
 import orjson
 
+from kairos.gateway.accounting.ledger import LedgerRow
 from kairos.gateway.keys import Budget, KeyRecord
-from kairos.gateway.ledger import LedgerRow
 
 
 class Registry(Protocol):

@@ -13,11 +13,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from kairos.backends import postgres
+from kairos.gateway.accounting.ledger import LedgerRow
 from kairos.gateway.errors import AccountingUnavailable
 from kairos.gateway.keys import Budget, KeyRecord
-from kairos.gateway.ledger import LedgerRow
-from kairos.gateway.pg import PostgresPool, failed, split_prefix
-from kairos.gateway.registry import (
+from kairos.gateway.store.pg import PostgresPool, failed, split_prefix
+from kairos.gateway.store.registry import (
     KEY_COLUMNS,
     LEDGER_ADDED,
     LEDGER_COLUMNS,

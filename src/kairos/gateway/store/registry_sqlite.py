@@ -14,10 +14,10 @@ from datetime import datetime
 from pathlib import Path
 
 from kairos.backends.sqlite import SQLiteThread
+from kairos.gateway.accounting.ledger import LedgerRow
 from kairos.gateway.errors import AccountingUnavailable
 from kairos.gateway.keys import Budget, KeyRecord
-from kairos.gateway.ledger import LedgerRow
-from kairos.gateway.registry import (
+from kairos.gateway.store.registry import (
     KEY_COLUMNS,
     LEDGER_ADDED,
     LEDGER_COLUMNS,

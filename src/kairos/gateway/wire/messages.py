@@ -1,7 +1,7 @@
 """The `/v1/messages` route (Anthropic's Messages API) on any deployment: an Anthropic
 request as an OpenAI chat body for the gateway, the chat reply as an Anthropic message, the
 chat stream as Anthropic events, and `/v1/messages/count_tokens`. (The provider direction,
-chat calls served by an Anthropic upstream, is anthropic.py.)
+chat calls served by an Anthropic upstream, is providers/anthropic.py.)
 
 `/v1/messages` takes system, messages (text, image, base64 PDF document, tool_use and
 tool_result blocks; a tool_result's is_error is said in its text, as OpenAI's tool messages
@@ -18,9 +18,9 @@ from typing import Any
 
 import orjson
 
-from kairos.gateway.anthropic import content_text, usage_as_anthropic
 from kairos.gateway.bounds import MAX_TOKENS, cut, integer, model_name, shown
 from kairos.gateway.errors import InvalidRequest, UpstreamError
+from kairos.gateway.providers.anthropic import content_text, usage_as_anthropic
 from kairos.http import sse
 from kairos.llm.tokens import tokenizer_for
 

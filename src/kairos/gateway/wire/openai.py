@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from kairos.gateway import bounds
-from kairos.gateway.accounting import AUDIO_LEAST_BYTES_PER_SECOND, InputParts
+from kairos.gateway.accounting.accountant import AUDIO_LEAST_BYTES_PER_SECOND, InputParts
 from kairos.gateway.errors import InvalidRequest
 
 
@@ -216,7 +216,7 @@ def input_parts(body: dict[str, Any]) -> InputParts:
 
 def _slow_audio(part: dict[str, Any]) -> bool:
     """Audio that may be billed more than a token per byte: not mp3, nor a WAV whose byte rate
-    is at least AUDIO_LEAST_BYTES_PER_SECOND (its text bytes bound it: accounting.py)."""
+    is at least AUDIO_LEAST_BYTES_PER_SECOND (its text bytes bound it: accounting/accountant.py)."""
     audio = part.get("input_audio")
     if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
         return True

@@ -1,7 +1,8 @@
 """OpenAI's Responses API (`POST /v1/responses`) through the gateway: the checks of a request
 body, the usage of an answer, and the typed events of a stream. The same keys, allow-lists,
 budgets, failover and ledger apply as to chat. OpenAI-kind providers are sent the call as it
-is; an Anthropic deployment serves it through chat (responses_chat.py translates both ways).
+is; an Anthropic deployment serves it through chat (providers/responses_chat.py translates
+both ways).
 
 >>> check_responses({"model": "chat", "input": "Say hi", "max_output_tokens": 64}, 4096)
 ('chat', False, 64, 1)
@@ -13,10 +14,11 @@ from typing import Any
 
 import orjson
 
+from kairos.gateway.accounting.accountant import Usage
 from kairos.gateway.bounds import MAX_TOKENS, MOST_TOP_LOGPROBS, integer
 from kairos.gateway.errors import InvalidRequest
-from kairos.gateway.providers import RESPONSE_ENDS, Usage, openai_usage
-from kairos.gateway.requests import model_and_stream
+from kairos.gateway.providers.base import RESPONSE_ENDS, openai_usage
+from kairos.gateway.wire.openai import model_and_stream
 from kairos.http import sse
 
 # Fields the gateway cannot account for, each with the fix: a stored prompt's text is not

@@ -11,10 +11,11 @@ from typing import Any
 
 import orjson
 
+from kairos.gateway.accounting.accountant import Usage
 from kairos.gateway.errors import UpstreamError
-from kairos.gateway.providers import RESPONSE_ENDS, Usage, chunk_usage
-from kairos.gateway.responses import error_event, event_usage
-from kairos.gateway.scrub import Secrets
+from kairos.gateway.providers.base import RESPONSE_ENDS, chunk_usage
+from kairos.gateway.providers.scrub import Secrets
+from kairos.gateway.wire.responses import error_event, event_usage
 from kairos.http import sse
 
 
