@@ -98,7 +98,7 @@ def settle(client: kr.Client) -> None:
     """Let the query log and the offline writer catch up, so their threads' work on earlier
     queries does not land on the next path's samples."""
     client.log.store.flush()
-    writer = client._runtime.offline.writer
+    writer = client.runtime.offline.writer
     if writer is not None:
         writer.flush()
 

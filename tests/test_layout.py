@@ -78,6 +78,38 @@ def test_the_architecture_page_names_real_modules() -> None:
     assert sorted(p for p in named if not (root / p).is_file()) == []
 
 
+# the query log's stores: the faces above the client read decisions through DecisionLog
+_LOG_STORES = {"QueryLog", "NullQueryLog", "BatchedQueryLog", "query_log_from_url"}
+
+
+def _touches_a_log_store(text: str) -> bool:
+    if re.search(r"\.log\.store\b", text):
+        return True
+    imports = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom)]
+    for node in imports:
+        module = node.module or ""
+        if module.startswith("kairos.stores.query_log"):
+            if module != "kairos.stores.query_log" and not module.endswith(".records"):
+                return True  # base, batched, sqlite, postgres: the stores themselves
+            if {alias.name for alias in node.names} & _LOG_STORES:
+                return True
+    return False
+
+
+def test_server_ui_and_cli_never_touch_the_decision_logs_store() -> None:
+    faces = [p for part in ("server", "ui", "cli") for p in (SRC / part).rglob("*.py")]
+    found = [str(p.relative_to(SRC.parent)) for p in faces if _touches_a_log_store(p.read_text())]
+    assert not found, f"read decisions through DecisionLog (client.log), not its store: {found}"
+
+
+def test_the_check_sees_a_store_touched() -> None:
+    assert _touches_a_log_store("rows = client.log.store.recent(5)\n")
+    assert _touches_a_log_store("from kairos.stores.query_log import LoggedQuery, QueryLog\n")
+    assert _touches_a_log_store("from kairos.stores.query_log import (\n    QueryLog,\n)\n")
+    assert _touches_a_log_store("from kairos.stores.query_log.sqlite import sqlite_query_log\n")
+    assert not _touches_a_log_store("from kairos.stores.query_log import LoggedQuery, Search\n")
+
+
 def _context_vars(text: str) -> list[str]:
     """Each ContextVar a module declares: its name, its annotation and its arguments."""
     found = []

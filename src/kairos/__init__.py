@@ -7,7 +7,7 @@ client = kr.Client("examples/fraud")
 r = client.query(input={"user.id": "u1"}, output=["user.risk"])
 """
 
-from kairos.client import Client, RemoteClient
+from kairos.client import Client, RemoteClient, connect
 from kairos.definitions import (
     DataFrame,
     Feature,
@@ -80,6 +80,7 @@ __all__ = [
     "coalesce",
     "completion",
     "completion_usage",
+    "connect",
     "embedding",
     "feature",
     "features",

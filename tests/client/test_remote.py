@@ -27,7 +27,8 @@ from examples.fraud.features import User
 from examples.fraud.generate import ANCHOR
 from examples.fraud.train import INPUTS
 from kairos.cli.main import main
-from kairos.client.remote import RemoteClient, RemoteError, ServerUnavailable, Unauthorized
+from kairos.client.remote import RemoteClient
+from kairos.client.wire import RemoteError, ServerUnavailable, Unauthorized
 from kairos.engine.result import BulkResult, FeatureError, NodeTiming, QueryResult
 from kairos.errors import BackendUnavailable, InvalidInput, KairosError, UnknownFeature
 from kairos.models.errors import UnknownModel

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
-import itertools
-import re
 import threading
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,13 +20,10 @@ from kairos.client.ray_engine import Rebuild, recompute_engine
 from kairos.client.remote import RemoteClient
 from kairos.client.replay import Decisions, ReplayResult, replay, replay_runtime
 from kairos.definitions.durations import DurationLike, parse_duration
-from kairos.definitions.graph import Graph
-from kairos.definitions.windows import indexed_window
 from kairos.engine.execution import Engine
 from kairos.engine.inputs import check_inputs
 from kairos.engine.result import (
     BulkResult,
-    ColumnData,
     FeatureValue,
     NodeTiming,
     QueryMeta,
@@ -38,47 +31,31 @@ from kairos.engine.result import (
 )
 from kairos.engine.tracing import traced_offline, traced_query
 from kairos.engine.values import to_utc
-from kairos.engine.windows import WindowIndex
-from kairos.engine.windows_shared import windows_for
 from kairos.errors import DefinitionError, InvalidInput, InvalidValue, KairosError
 from kairos.gateway import Gateway
 from kairos.planner.plan import Plan
 from kairos.planner.planner import Planner
+from kairos.project.assemble import Overrides, assemble
 from kairos.project.config import Config
-from kairos.project.decisions import DecisionLog, decision_records, snapshot_values, whole_path
+from kairos.project.decisions import whole_path
 from kairos.project.events import (
-    FollowingIndex,
     event_class,
     foreign_keys,
     last_of_each,
     persist,
-    stored_events,
     typed_events,
 )
 from kairos.project.fingerprint import definitions_fingerprint
 from kairos.project.inputs import bulk_columns
-from kairos.project.llm import GatewayCompleter, feature_models
-from kairos.project.models import Models
 from kairos.project.modules import Project
-from kairos.project.offline import Datasets, OfflineResult, Progress, Recompute, offline_query
-from kairos.project.snapshot import FeatureNames, OfflineHistory, Snapshot, plan_with
-from kairos.project.vectors import VectorFeatures
-from kairos.resolvers.calls import Calls
-from kairos.resolvers.llm import EmbeddingResolver, llm_resolvers
-from kairos.resolvers.model import ModelResolver
-from kairos.resolvers.nearest import nearest_resolvers
+from kairos.project.offline import OfflineResult, Progress, Recompute, offline_query
+from kairos.project.snapshot import Snapshot
 from kairos.resolvers.registry import ResolverSet
-from kairos.sources import source_from_config
-from kairos.stores.datasets import DatasetStore
 from kairos.stores.offline import OfflineStore
 from kairos.stores.offline.writer import OfflineWriter
-from kairos.stores.online import OnlineStore, online_store_from_url
+from kairos.stores.online import OnlineStore
 from kairos.stores.query_log import (
-    LoggedQuery,
-    NullQueryLog,
-    PlanInfo,
     QueryLog,
-    query_log_from_url,
 )
 
 T = TypeVar("T")
@@ -139,181 +116,76 @@ class Client:
         llm_key: str | None = None,
         vectors: str | None = None,
     ) -> None:
-        if isinstance(project, Project):
-            loaded = project
-        elif project is not None:
-            loaded = Project.load(project)
-        else:
-            loaded = Project(None, (), ())
-        folder = loaded.root.parent if loaded.root and loaded.root.is_file() else loaded.root
-        self.config = config or (Config.load(folder) if folder is not None else Config())
-        telemetry.from_environment()  # OTEL_TRACES_EXPORTER and friends, once per process
-        extra = Project.from_objects(definitions)
-        self.project = Project(
-            loaded.root,
-            tuple(dict.fromkeys((*loaded.feature_classes, *extra.feature_classes))),
-            tuple(dict.fromkeys((*loaded.resolvers, *extra.resolvers))),
+        runtime = assemble(
+            project,
+            config,
+            Overrides(
+                definitions,
+                online_store,
+                offline_store,
+                query_log,
+                default_timeout,
+                max_workers,
+                gateway,
+                llm_key,
+                vectors,
+            ),
         )
-        if not self.project.feature_classes:
-            raise KairosError(
-                "the project declares no @features classes; pass a project folder or "
-                "definitions=[...]"
-            )
-        self.graph = Graph.build(self.project.feature_classes)
-        base = self.config.base_dir or Path.cwd()
-        # Sources connect lazily: building them does no I/O.
-        self.sources = {
-            name: source_from_config(name, spec, base) for name, spec in self.config.sources.items()
-        }
-        # `kr.predict` features become resolvers pinned to the model versions they resolve to.
-        self.models = Models(self.config.models, base, self.graph, self._bind_models)
-        # `kr.completion` / `kr.embedding` features call the gateway, in process; the
-        # project's own gateway runs its `deployments:` when a call first needs one
-        llm = llm_resolvers(self.graph, lambda: self.llm)
-        self.llm = GatewayCompleter(
-            self.config.base_dir,
-            gateway,
-            llm_key or self.config.llm.key,
-            self.config.llm.tokenizers,
-            self.config.llm.context,
-            deployments=self.config.deployments,
-            models=feature_models(llm),
-            budgets=self.config.llm.budgets,
-        )
-        # `kr.nearest` features search an index per vector feature, opened on first use
-        self.vectors = VectorFeatures(
-            self.graph,
-            vectors
-            or self.config.vectors
-            or str((self.config.base_dir or Path.cwd()) / ".kairos" / "vectors"),
-            {(r.output.root, r.output.name): r for r in llm if isinstance(r, EmbeddingResolver)},
-        )
-        declared = (
-            *self.project.resolvers,
-            *llm,
-            *nearest_resolvers(self.graph, self.vectors.index),
-        )
-        timeout = (
-            self.config.resolver_timeout
-            if default_timeout is None
-            else parse_duration(default_timeout, field="default_timeout")
-        )
-        planner = plan_with(self.graph, declared, self.models.resolvers(), self.sources, timeout)
-        # Backends that start threads come last, each closed again if a later one fails.
-        log = self.config.query_log if query_log is None else query_log
-        mode = self.config.query_log_durability  # kairos.yaml's query_log.durability
-        opened: QueryLog = query_log_from_url(log, durability=mode) if isinstance(log, str) else log
-        self.log = DecisionLog(opened, FeatureNames(self.graph), lambda: self.datasets)
-        self._logging = not isinstance(opened, NullQueryLog)
-        store = self.config.online_store if online_store is None else online_store
-        self._online_url = store if isinstance(store, str) else None  # for Ray workers
-        try:
-            online = online_store_from_url(store) if isinstance(store, str) else store
-        except BaseException:
-            self.log.close()
-            raise
-        offline = self.config.offline_store if offline_store is None else offline_store
-        history = OfflineHistory(offline)
-        folder_for_data = self.config.base_dir or Path.cwd()
-        self.datasets = Datasets(
-            DatasetStore(folder_for_data / ".kairos" / "datasets"),
-            lambda: definitions_fingerprint(self.graph, self.resolvers),
-        )
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max_workers, thread_name_prefix="kairos-resolver"
-        )
-        self.windows = windows_for(
-            online, (lambda: stored_events(self.graph, history.store)) if history.kept else None
-        )
-        if history.kept and isinstance(self.windows, WindowIndex):
-            # in this process, over a store other processes may write: follow what they write
-            self.windows = FollowingIndex(self.graph, history.store)
-        for namespace, info in self.graph.classes.items():
-            for name in info.features:
-                indexed = indexed_window(self.graph, namespace, name)
-                if indexed is not None:
-                    kind = info.features[name].type
-                    self.windows.register(
-                        (namespace, name),
-                        indexed.child,
-                        indexed.fk,
-                        indexed.spec,
-                        None if kind is None else kind.kind,
-                    )
-        engine = Engine(
-            self.graph,
-            online,
-            self._pool,
-            observe=history.writer is not None,
-            windows=self.windows,
-        )
-        self._runtime = Snapshot(
-            self.graph,
-            FeatureNames(self.graph),
-            declared,
-            self.sources,
-            planner,
-            engine,
-            online,
-            history,
-        )
+        self._runtime = runtime
+        self.project, self.config, self.graph = runtime.project, runtime.config, runtime.graph
+        self.sources, self.models, self.llm = runtime.sources, runtime.models, runtime.llm
+        self.vectors, self.log, self.datasets = runtime.vectors, runtime.log, runtime.datasets
+        self.windows = runtime.windows
+        self._session = runtime.session
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None
-        self._closed = False
-        self._id_prefix = uuid.uuid4().hex[:16]
-        self._id_counter = itertools.count(1)
-        self._plans: dict[str, tuple[Snapshot, PlanInfo]] = {}
-
-    def _bind_models(self, models: list[ModelResolver]) -> None:
-        """Plan with these `kr.predict` resolvers from now on: the one place the runtime
-        changes."""
-        self._runtime = self._runtime.rebound(models)
 
     # --- what queries run on (read-only; rebinding models swaps the runtime whole) -----
 
     @property
     def runtime(self) -> Snapshot:
-        return self._runtime
+        """What queries plan and run on now (swapped whole when a model alias moves)."""
+        return self._runtime.current
 
     @property
     def resolvers(self) -> ResolverSet:
-        return self._runtime.resolvers
+        return self._runtime.current.resolvers
 
     @property
     def planner(self) -> Planner:
-        return self._runtime.planner
+        return self._runtime.current.planner
 
     @property
     def engine(self) -> Engine:
-        return self._runtime.engine
+        return self._runtime.current.engine
 
     @property
     def store(self) -> OnlineStore:
         """The online store."""
-        return self._runtime.store
+        return self._runtime.current.store
 
     @property
     def offline_writer(self) -> OfflineWriter | None:
         """What keeps online values in the offline store (None with `none://`)."""
-        return self._runtime.offline.writer
+        return self._runtime.current.offline.writer
 
     @property
     def declared_resolvers(self) -> tuple[Any, ...]:
         """The project's resolvers and its LLM features' (not the `kr.predict` ones)."""
-        return self._runtime.declared
+        return self._runtime.current.declared
 
     def offline_store(self) -> OfflineStore:
         """The offline store, opened on first use."""
-        return self._runtime.offline.store()
+        return self._runtime.current.offline.store()
 
     # --- names --------------------------------------------------------------------------
 
     def name(self, feature: Any) -> str:
         """The canonical name of a feature ref or string: `User.txn_count["24h"]` ->
         "user.txn_count[1d]"."""
-        return self._runtime.name(feature)
+        return self._runtime.current.name(feature)
 
     # --- planning -----------------------------------------------------------------------
 
@@ -441,7 +313,7 @@ class Client:
         progress: Progress | None = None,
     ) -> OfflineResult:
         work = offline_query(
-            self._runtime,
+            self._runtime.current,
             spine,
             output,
             timestamp=timestamp,
@@ -458,11 +330,11 @@ class Client:
             type(self),
             self.project,
             self.config,
-            self._online_url,
-            self._id_prefix,
+            self._runtime.online_url,
+            self._session.id_prefix,
             vectors=self.vectors.url,
         )
-        return recompute_engine(engine, address, self._runtime, rebuild)
+        return recompute_engine(engine, address, self._runtime.current, rebuild)
 
     def replay(
         self,
@@ -524,7 +396,7 @@ class Client:
             else Decisions.found(self.log, entity=entity, since=since, until=until, limit=limit)
         )
         runtime, changed = replay_runtime(
-            self._runtime,
+            self._runtime.current,
             self.models,
             pins=models,
             features={self._known(k, "features"): v for k, v in (features or {}).items()},
@@ -638,7 +510,7 @@ class Client:
         class's rows into its index); `engine="ray"` computes on Ray workers."""
         return self._sync(
             materialize(
-                self._runtime,
+                self._runtime.current,
                 keys=keys,
                 start=start,
                 end=end,
@@ -679,9 +551,9 @@ class Client:
                 "output must be a list of features, e.g. output=[User.balance]", field="output"
             )
         if query_id is not None:
-            await self._check_query_id(query_id)
+            await self._session.check_query_id(query_id)
         when = _now(now)
-        runtime = self._runtime  # one planner and engine for the whole query
+        runtime = self._runtime.current  # one planner and engine for the whole query
         plan = runtime.planner.plan(columns, [runtime.name(o) for o in output])
         check_inputs(
             self.graph,
@@ -696,7 +568,7 @@ class Client:
         total = (time.perf_counter() - started) * 1000
         trace = [*outcome.trace, NodeTiming(None, "query", "total", 0.0, total, rows, "ok")]
         meta = QueryMeta(
-            query_id or self._new_query_id(),
+            query_id or self._session.new_query_id(),
             when,
             total,
             rows,
@@ -705,27 +577,13 @@ class Client:
             tuple(whole_path(call.record(), started, total, full=False) for call in calls.llm),
         )
         result = BulkResult(outcome.columns, meta, trace, self.name)
-        writer = runtime.offline.writer
-        if writer is not None and outcome.observed:
-            writer.add(outcome.observed)
-        if self._logging:  # the writer thread builds and encodes the records
-            values = snapshot_values(outcome.values)
-            inputs = {name: values[name].values for name in columns}
-            build = functools.partial(
-                self._records, runtime, plan, inputs, result, values, calls, started
-            )
-            await self.log.store.append_later(build, rows)
+        await self._session.record(runtime, plan, columns, outcome, result, calls, started)
         return result
-
-    def _new_query_id(self) -> str:
-        """Unique without a syscall per query: a random 64-bit prefix per client, then a
-        counter, so one client's ids sort in the order its queries finished."""
-        return f"{self._id_prefix}{next(self._id_counter):016x}"
 
     def _known(self, feature: Any, field: str) -> str:
         """The name of a feature the project has; an unknown one is bad input for `field`."""
         try:
-            return self._runtime.name.known(feature)
+            return self._runtime.current.name.known(feature)
         except KairosError as error:
             raise InvalidInput(f"{field}: {error}", field=field) from None
 
@@ -739,53 +597,6 @@ class Client:
             except DefinitionError as error:
                 raise InvalidInput(str(error), field="staleness") from None
         return limits
-
-    async def _check_query_id(self, query_id: str) -> None:
-        """A caller's query id names one decision: it must be readable back and unused."""
-        if not isinstance(query_id, str) or not QUERY_ID.fullmatch(query_id):
-            raise InvalidInput(
-                f"query_id {query_id!r} must be 1-128 letters, digits or . _ ~ : -",
-                field="query_id",
-            )
-        if self._logging and await asyncio.to_thread(self.log.get, query_id) is not None:
-            raise InvalidInput(
-                f"query_id {query_id!r} was already used; each query id names one decision",
-                field="query_id",
-            )
-
-    def _records(
-        self,
-        runtime: Snapshot,
-        plan: Plan,
-        inputs: dict[str, list[Any]],
-        result: BulkResult,
-        values: dict[str, ColumnData],
-        calls: Calls,
-        started: float,
-    ) -> list[LoggedQuery]:
-        """Each entity's decision record, with its plan as `_plan_info` names it."""
-        info = self._plan_info(runtime, plan)
-        return decision_records(info, plan, inputs, result, values, calls, started)
-
-    def _plan_info(self, runtime: Snapshot, plan: Plan) -> PlanInfo:
-        """The plan as a decision record names it (built once per plan and runtime; the
-        writer thread calls this)."""
-        found = self._plans.get(plan.fingerprint)
-        if found is not None and found[0] is runtime:
-            return found[1]
-        definitions = definitions_fingerprint(runtime.graph, runtime.resolvers)
-        info = PlanInfo(
-            plan.fingerprint,
-            definitions,
-            plan.inputs,
-            plan.outputs,
-            {name: plan.versions.get(name) for name in plan.columns},
-            plan.models,
-        )
-        if len(self._plans) >= 1024:  # plans of runtimes long replaced: let them go
-            self._plans.clear()
-        self._plans[plan.fingerprint] = (runtime, info)
-        return info
 
     # --- running async code from sync callers ----------------------------------------------
 
@@ -815,34 +626,14 @@ class Client:
 
     async def aclose(self) -> None:
         """Flush the query log, close the sources and the online store (once)."""
-        if self._closed:
-            return
-        self._closed = True
-        steps: list[Callable[[], Awaitable[object]]] = [
-            lambda: asyncio.to_thread(self.log.close),
-            lambda: asyncio.to_thread(self._runtime.offline.close),
-            *(source.close for source in self.sources.values()),
-            self.store.close,
-            lambda: asyncio.to_thread(self.windows.close),
-            lambda: asyncio.to_thread(self.models.close),
-            self.vectors.close,
-            self.llm.aclose,  # stops the LLM replicas: never skipped for an earlier failure
-        ]
-        failed: list[Exception] = []
-        for step in steps:
-            try:
-                await step()
-            except Exception as error:  # close the rest, then say what failed first
-                failed.append(error)
-        if failed:
-            raise failed[0]
+        await self._runtime.aclose()
 
     def close(self) -> None:
         """`aclose()`, then stop the resolver threads and event loops (a failure too)."""
         try:
             self._sync(self.aclose())
         finally:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._runtime.shutdown()
             with self._loops_lock:
                 loops, self._loops = self._loops, []
                 helper, self._helper = self._helper, None
@@ -857,10 +648,6 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# A query id a caller may choose: readable back as a URL path segment, at most 128 chars.
-QUERY_ID = re.compile(r"[A-Za-z0-9._~:-]{1,128}")
 
 
 def _now(now: datetime | None) -> datetime:

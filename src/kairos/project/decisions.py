@@ -56,6 +56,29 @@ class DecisionLog:
         """One decision's record, or None."""
         return self.store.get(query_id)
 
+    def get_many(self, query_ids: Sequence[str]) -> dict[str, LoggedQuery]:
+        """The records of these decisions found, by query id."""
+        return self.store.get_many(query_ids)
+
+    def recent(self, limit: int = 20, *, nested: bool = True) -> list[LoggedQuery]:
+        """The newest `limit` decisions, newest first (`nested=False`: without their
+        model and LLM calls, e.g. for ages and counts)."""
+        return self.store.recent(limit, nested=nested)
+
+    def find(self, search: Search) -> list[LoggedQuery]:
+        """The decisions a search already checked (`parse`) names, newest first."""
+        return self.store.search(search)
+
+    @property
+    def dropped(self) -> int:
+        """Records the log's queue had no room for (a metric)."""
+        return self.store.dropped
+
+    @property
+    def lost(self) -> int:
+        """Records the log failed to write (a metric)."""
+        return self.store.lost
+
     def search(
         self,
         *,
@@ -69,7 +92,7 @@ class DecisionLog:
         """Decisions newest first: for this entity (`{User.id: "u1"}`), with `now` in
         [since, until) (a datetime, or a duration back from now: "1h"), whose plan touched
         `feature`, that called `model` (`"risk@v2"`, or `"risk"` for any version)."""
-        return self.store.search(
+        return self.find(
             self.parse(
                 entity=entity, since=since, until=until, feature=feature, model=model, limit=limit
             )

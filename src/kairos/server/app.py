@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from kairos.client.client import QUERY_ID, Client
+from kairos.client.client import Client
 from kairos.client.consume import consumers_for, run_consumers
 from kairos.errors import (
     BackendUnavailable,
@@ -33,6 +33,7 @@ from kairos.errors import (
 from kairos.http.access import log_access
 from kairos.project.config import ServerConfig
 from kairos.project.decisions import MAX_PAGE, entity_keys, moment, typed_time
+from kairos.project.session import QUERY_ID
 from kairos.server.bodies import (
     HTTPProblem,
     json_response,
@@ -196,8 +197,8 @@ class Server:
         self.keys = [k.encode() for k in config.keys]
         self.consumers = consumers_for(client)  # the project's streams: entries
         self.metrics = Metrics(
-            query_log_dropped=lambda: client.log.store.dropped,
-            query_log_lost=lambda: client.log.store.lost,
+            query_log_dropped=lambda: client.log.dropped,
+            query_log_lost=lambda: client.log.lost,
             streams=lambda: [(c.name, c.stats) for c in self.consumers],
         )
         self.traffic = Traffic()  # the last minutes, for the dashboard's Live page
@@ -405,7 +406,7 @@ class Server:
             search = self.client.log.parse(**_search_options(request.query_params))
         except InvalidInput as error:
             raise HTTPProblem(400, "invalid_query", str(error), error.field) from None
-        records = await asyncio.to_thread(self.client.log.store.search, search)
+        records = await asyncio.to_thread(self.client.log.find, search)
         return json_response(
             {"records": [record.to_dict() for record in records]}, tagged=wants_tagged(request)
         )

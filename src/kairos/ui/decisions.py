@@ -22,8 +22,8 @@ from starlette.routing import BaseRoute, Route
 
 from kairos.client.client import Client
 from kairos.errors import InvalidInput
-from kairos.project.decisions import MAX_PAGE
-from kairos.stores.query_log import LoggedQuery, LoggedValue, QueryLog, Search
+from kairos.project.decisions import MAX_PAGE, DecisionLog
+from kairos.stores.query_log import LoggedQuery, LoggedValue, Search
 from kairos.ui import replays
 from kairos.ui.app import UI, UIError
 from kairos.ui.charts import Bars, Waterfall, bars, waterfall
@@ -110,18 +110,18 @@ def search_of(client: Client, filters: Filters) -> Search:
         raise UIError(str(error), error.field) from None
 
 
-def page_of(store: QueryLog, search: Search, before: str) -> list[LoggedQuery]:
+def page_of(log: DecisionLog, search: Search, before: str) -> list[LoggedQuery]:
     """A page of the search; with `before` (the last id the previous page showed, whose `now`
     is `search.until`), the decisions at that same `now` with a smaller id come first, then
     the older ones: many decisions share one `now` (a bulk query's rows), and an exclusive
     `until` alone would skip those the previous page had no room for."""
     if not before or search.until is None:
-        return store.search(search)
+        return log.find(search)
     at, want = search.until, search.limit
     ties = replace(search, since=max(search.since or at, at), until=at + _TICK)
     fetch = want * 2
     while True:
-        found_at = store.search(replace(ties, limit=fetch))
+        found_at = log.find(replace(ties, limit=fetch))
         kept = [r for r in found_at if r.query_id < before]
         # bounded: past MAX_PAGE decisions at one `now` the rest of them are skipped (a page
         # is never a read of a million records)
@@ -131,7 +131,7 @@ def page_of(store: QueryLog, search: Search, before: str) -> list[LoggedQuery]:
     kept.sort(key=lambda r: r.query_id, reverse=True)  # the store's order: now, then id
     page = kept[:want]
     if len(page) < want:
-        page += store.search(replace(search, limit=want - len(page)))
+        page += log.find(replace(search, limit=want - len(page)))
     return page
 
 
@@ -491,7 +491,7 @@ class DecisionPages:
                 features=features, most=MAX_SEARCH, default=DEFAULT_SEARCH,
             )  # fmt: skip
         before = request.query_params.get("before", "").strip()
-        records = await asyncio.to_thread(page_of, client.log.store, search, before)
+        records = await asyncio.to_thread(page_of, client.log, search, before)
         older = None
         if records and len(records) == search.limit:
             last = records[-1]

@@ -168,7 +168,7 @@ class LivePage:
         if graph is not self._graph:  # definitions reloaded: their limits may differ
             self._graph, self._limits = graph, {}
         with collector_paused():
-            records = client.log.store.recent(wanted, nested=False)  # ages, not rows
+            records = client.log.recent(wanted, nested=False)  # ages, not rows
             return summarize(records, graph, self._limits)
 
 

@@ -168,7 +168,7 @@ class ModelPages:
         async with self._reading:
             if self._window is None or time.monotonic() - self._window[0] > STATS_TTL:
                 records = await asyncio.to_thread(
-                    functools.partial(client.log.store.recent, WINDOW, nested=False)
+                    functools.partial(client.log.recent, WINDOW, nested=False)
                 )
                 self._window = (time.monotonic(), window_stats(records))
             return self._window[1]
