@@ -50,6 +50,7 @@ from kairos.gateway.edge import (
 )
 from kairos.gateway.errors import GatewayError, InvalidRequest, Unauthenticated, UnknownModel
 from kairos.gateway.gateway import Gateway
+from kairos.gateway.keys import KeyRecord
 from kairos.gateway.metrics import GatewayMetrics
 from kairos.gateway.openapi import openapi_document
 from kairos.gateway.wire.messages import chat_to_message, message_events, messages_to_chat
@@ -61,6 +62,7 @@ logger = logging.getLogger(__name__)
 SETTLE_AFTER = 0.002  # seconds
 
 Handler = Callable[[Request], Awaitable[Reply | SSEReply]]
+Guard = Callable[[Request], Awaitable[None]]  # raises Unauthenticated, or lets the request in
 
 
 def _json(body: Any, status: int = 200) -> Reply:
@@ -77,33 +79,26 @@ class GatewayServer:
     # --- OpenAI routes ---------------------------------------------------------------------
 
     async def chat(self, request: Request) -> Reply | SSEReply:
-        key = await self.gateway.authenticate(presented_key(request))
-        reply = await self.gateway.chat(key, await read_body(request))
+        reply = await self.gateway.chat(_key(request), await read_body(request))
         return self._openai(reply)
 
     async def completions(self, request: Request) -> Reply | SSEReply:
-        key = await self.gateway.authenticate(presented_key(request))
-        reply = await self.gateway.completion(key, await read_body(request))
+        reply = await self.gateway.completion(_key(request), await read_body(request))
         return self._openai(reply)
 
     async def responses(self, request: Request) -> Reply | SSEReply:
-        key = await self.gateway.authenticate(presented_key(request))
-        reply = await self.gateway.responses(key, await read_body(request))
+        reply = await self.gateway.responses(_key(request), await read_body(request))
         return self._openai(reply)
 
     async def embeddings(self, request: Request) -> Reply:
-        key = await self.gateway.authenticate(presented_key(request))
-        return _json(await self.gateway.embedding(key, await read_body(request)))
+        return _json(await self.gateway.embedding(_key(request), await read_body(request)))
 
     async def models(self, request: Request) -> Reply:
-        key = await self.gateway.authenticate(presented_key(request))
-        return _json(
-            {"object": "list", "data": [_model_object(name) for name in self.gateway.models(key)]}
-        )
+        names = self.gateway.models(_key(request))
+        return _json({"object": "list", "data": [_model_object(name) for name in names]})
 
     async def model(self, request: Request) -> Reply:
-        key = await self.gateway.authenticate(presented_key(request))
-        name, allowed = request.rest, self.gateway.models(key)
+        name, allowed = request.rest, self.gateway.models(_key(request))
         # a model the key may not use answers as a missing one: names cannot be probed
         if name not in allowed:
             raise UnknownModel(
@@ -121,23 +116,26 @@ class GatewayServer:
     # --- Anthropic route -------------------------------------------------------------------
 
     async def messages(self, request: Request) -> Reply | SSEReply:
-        key = await self.gateway.authenticate(presented_key(request))
         body = await read_body(request)
         chat = messages_to_chat(body)
-        reply = await self.gateway.messages_chat(key, chat)
+        reply = await self.gateway.messages_chat(_key(request), chat)
         if not isinstance(reply, Stream):
             return _json(chat_to_message(reply, body["model"]))
         events = message_events(aiter(reply), body["model"], reply.request_id)
         return SSEReply(((event, False) async for event in events), reply)
 
     async def count_tokens(self, request: Request) -> Reply:
-        key = await self.gateway.authenticate(presented_key(request))
-        tokens = await self.gateway.count_tokens(key, await read_body(request))
+        tokens = await self.gateway.count_tokens(_key(request), await read_body(request))
         return _json({"input_tokens": tokens})
 
-    # --- admin -----------------------------------------------------------------------------
+    # --- the guards, composed around the route table by GatewayApp ---------------------------
 
-    def _admin(self, request: Request) -> None:
+    async def gateway_key(self, request: Request) -> None:
+        """A /v1 route's guard: the request's gateway key, checked, on `request.key`."""
+        request.key = await self.gateway.authenticate(presented_key(request))
+
+    async def admin_key(self, request: Request) -> None:
+        """An /admin route's guard: the admin key (gateway keys cannot use it)."""
         expected = self.gateway.config.admin_key
         given = presented_key(request) or ""
         if not expected:
@@ -146,23 +144,19 @@ class GatewayServer:
             raise Unauthenticated("the admin API needs the admin key (gateway keys cannot use it)")
 
     async def create_key(self, request: Request) -> Reply:
-        self._admin(request)
         plain, record = await self.gateway.create_key(**await admin_body(request))
         return _json({**record.public(), "key": plain}, 201)  # the only time it is shown
 
     async def list_keys(self, request: Request) -> Reply:
-        self._admin(request)
         return _json({"keys": [k.public() for k in await self.gateway.list_keys()]})
 
     async def revoke_key(self, request: Request) -> Reply:
-        self._admin(request)
         ident = request.rest
         if not await self.gateway.revoke_key(ident):
             raise _NotFound(f"no active key {shown(ident)}; GET /admin/keys lists them")
         return _json({"id": ident, "revoked": True})
 
     async def usage(self, request: Request) -> Reply:
-        self._admin(request)
         params = request.query()
         since, until = _time(params.get("since"), "since"), _time(params.get("until"), "until")
         rows = await self.gateway.usage(params.get("key"), since, until)
@@ -181,6 +175,13 @@ class GatewayServer:
         return Reply(
             generate_latest(self.metrics.registry), media_type=b"text/plain; version=0.0.4"
         )
+
+
+def _key(request: Request) -> KeyRecord:
+    """The key a guarded route's request was checked with (by `GatewayServer.gateway_key`)."""
+    if request.key is None:  # a /v1 route left out of the guarded table: a bug, a 500
+        raise RuntimeError(f"no gateway key checked for {request.path}")
+    return request.key
 
 
 def _model_object(name: str) -> dict[str, Any]:
@@ -254,7 +255,7 @@ class _Route:
     """A handler, its name in the metrics and the shape its errors are sent in (OpenAI's,
     or Anthropic's on /v1/messages)."""
 
-    __slots__ = ("errors", "handler", "name")
+    __slots__ = ("errors", "guard", "handler", "name")
 
     def __init__(
         self, name: str, handler: Handler, errors: Callable[[GatewayError], Reply] = openai_error
@@ -262,6 +263,19 @@ class _Route:
         self.name = name
         self.handler = handler
         self.errors = errors
+        self.guard: Guard | None = None  # set by `_guarded`, around the route table
+
+
+Routes = dict[str, dict[str, _Route]]
+
+
+def _guarded(guard: Guard, routes: Routes) -> Routes:
+    """`routes`, each checked by `guard` before its handler runs (a 401 in the route's own
+    error shape when it refuses), as a Starlette middleware wraps the routes it is given."""
+    for methods in routes.values():
+        for route in methods.values():
+            route.guard = guard
+    return routes
 
 
 class GatewayApp:
@@ -276,27 +290,45 @@ class GatewayApp:
         gateway.settle_after = SETTLE_AFTER
         self.server = server = GatewayServer(gateway)
         self.close_gateway = close_gateway
-        self.routes: dict[str, dict[str, _Route]] = {
-            "/v1/chat/completions": {"POST": _Route("chat", server.chat)},
-            "/v1/completions": {"POST": _Route("completions", server.completions)},
-            "/v1/embeddings": {"POST": _Route("embeddings", server.embeddings)},
-            "/v1/responses": {"POST": _Route("responses", server.responses)},
-            "/v1/models": {"GET": _Route("models", server.models)},
-            "/v1/messages": {"POST": _Route("messages", server.messages, anthropic_error)},
-            "/v1/messages/count_tokens": {
-                "POST": _Route("count_tokens", server.count_tokens, anthropic_error)
-            },
-            "/admin/keys": {
-                "POST": _Route("admin_keys", server.create_key),
-                "GET": _Route("admin_keys", server.list_keys),
-            },
-            "/admin/usage": {"GET": _Route("admin_usage", server.usage)},
+        # authentication, once around the table: gateway keys on /v1, the admin key on /admin
+        v1, admin = server.gateway_key, server.admin_key
+        self.routes: Routes = {
+            **_guarded(
+                v1,
+                {
+                    "/v1/chat/completions": {"POST": _Route("chat", server.chat)},
+                    "/v1/completions": {"POST": _Route("completions", server.completions)},
+                    "/v1/embeddings": {"POST": _Route("embeddings", server.embeddings)},
+                    "/v1/responses": {"POST": _Route("responses", server.responses)},
+                    "/v1/models": {"GET": _Route("models", server.models)},
+                    "/v1/messages": {"POST": _Route("messages", server.messages, anthropic_error)},
+                    "/v1/messages/count_tokens": {
+                        "POST": _Route("count_tokens", server.count_tokens, anthropic_error)
+                    },
+                },
+            ),
+            **_guarded(
+                admin,
+                {
+                    "/admin/keys": {
+                        "POST": _Route("admin_keys", server.create_key),
+                        "GET": _Route("admin_keys", server.list_keys),
+                    },
+                    "/admin/usage": {"GET": _Route("admin_usage", server.usage)},
+                },
+            ),
             "/healthz": {"GET": _Route("healthz", server.healthz)},
             "/openapi.json": {"GET": _Route("openapi", server.openapi)},
             "/metrics": {"GET": _Route("metrics", server.metrics_endpoint)},
         }
-        self.revoke = {"DELETE": _Route("admin_revoke", server.revoke_key)}
-        self.model = {"GET": _Route("model", server.model)}
+        # the routes with an id in their path, matched by prefix
+        by_prefix = {
+            **_guarded(
+                admin, {"/admin/keys/": {"DELETE": _Route("admin_revoke", server.revoke_key)}}
+            ),
+            **_guarded(v1, {"/v1/models/": {"GET": _Route("model", server.model)}}),
+        }
+        self.revoke, self.model = by_prefix["/admin/keys/"], by_prefix["/v1/models/"]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -342,6 +374,8 @@ class GatewayApp:
             await answer(request, shape(error), receive, send)
             return
         try:
+            if route.guard is not None:
+                await route.guard(request)
             reply = await route.handler(request)
         except Exception as error:
             failure = _exception_handler(error)(route.name, error)

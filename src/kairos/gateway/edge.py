@@ -20,6 +20,7 @@ import orjson
 
 from kairos.gateway.bounds import cut
 from kairos.gateway.errors import GatewayError, InvalidRequest
+from kairos.gateway.keys import KeyRecord
 from kairos.gateway.wire.streams import Stream
 from kairos.http.types import Message, Receive, Scope, Send
 
@@ -102,7 +103,7 @@ class Request:
     """What a handler reads of an HTTP request: headers (lower-case names), the query string,
     the part of the path after a route's prefix, and the body (read once, size-checked)."""
 
-    __slots__ = ("_receive", "consumed", "headers", "method", "path", "rest", "scope")
+    __slots__ = ("_receive", "consumed", "headers", "key", "method", "path", "rest", "scope")
 
     def __init__(self, scope: Scope, receive: Receive, rest: str = "") -> None:
         self.scope = scope
@@ -111,6 +112,7 @@ class Request:
         self.method: str = scope["method"]
         self.path: str = scope["path"]
         self.rest = rest
+        self.key: KeyRecord | None = None  # the gateway key, once its route's guard checked it
         self.headers: dict[str, str] = {
             name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]
         }
